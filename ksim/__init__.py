@@ -1,0 +1,1 @@
+"""ksim: RL tasks on MuJoCo MJX, trained with PPO on one device or on all of them."""

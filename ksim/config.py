@@ -1,0 +1,82 @@
+"""Config errors, validation rules and the command-line launcher (`key=value` overrides, `--help`)."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from collections.abc import Sequence
+from typing import Any, TypeVar
+
+from omegaconf import OmegaConf
+from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
+
+ConfigT = TypeVar("ConfigT")
+
+
+class ConfigError(ValueError):
+    """A setting breaks a rule; the message names the setting and the rule."""
+
+
+def require_positive(config: object, *names: str) -> None:
+    for name in names:
+        value = getattr(config, name)
+        if value <= 0:
+            raise ConfigError(f"{name}={value} must be positive")
+
+
+def require_non_negative(config: object, *names: str) -> None:
+    for name in names:
+        value = getattr(config, name)
+        if value < 0:
+            raise ConfigError(f"{name}={value} must be >= 0")
+
+
+def require_choice(config: object, name: str, choices: Sequence[str]) -> None:
+    value = getattr(config, name)
+    if value not in choices:
+        raise ConfigError(f"{name}={value!r} must be one of {', '.join(repr(c) for c in choices)}")
+
+
+def require_divisible(numerator_name: str, numerator: int, denominator: int, denominator_desc: str) -> None:
+    if numerator % denominator != 0:
+        raise ConfigError(f"{numerator_name}={numerator} is not divisible by {denominator_desc}")
+
+
+def help_text(config: object) -> str:
+    """One line per field: name, type, default and the field's help metadata."""
+    lines = [f"Settings of {type(config).__name__} (override with key=value):"]
+    for field in dataclasses.fields(config):  # type: ignore[arg-type]
+        type_name = getattr(field.type, "__name__", str(field.type))
+        default = getattr(config, field.name)
+        lines.append(f"  {field.name}: {type_name} = {default!r}")
+        if field.metadata.get("help"):
+            lines.append(f"      {field.metadata['help']}")
+    return "\n".join(lines)
+
+
+def parse_overrides(config: ConfigT, argv: Sequence[str]) -> ConfigT:
+    """Applies `key=value` arguments to a dataclass config; raises ConfigError on bad ones."""
+    for arg in argv:
+        if "=" not in arg or arg.startswith("="):
+            raise ConfigError(f"argument {arg!r} is not of the form key=value (see --help)")
+    base = OmegaConf.structured(config)
+    try:
+        merged = OmegaConf.merge(base, OmegaConf.from_dotlist(list(argv)))
+    except (ConfigKeyError, ConfigAttributeError) as error:
+        key = getattr(error, "full_key", None) or str(error)
+        raise ConfigError(f"unknown setting {key!r} (see --help for the settings)") from None
+    except OmegaConfBaseException as error:
+        key = getattr(error, "full_key", "?")
+        value = next((arg.split("=", 1)[1] for arg in argv if arg.split("=", 1)[0] == key), "?")
+        raise ConfigError(f"{key}={value} is not valid: {error.msg.splitlines()[0]}") from None
+    result: Any = OmegaConf.to_object(merged)
+    return result
+
+
+def parse_command_line(config: ConfigT, argv: Sequence[str] | None = None) -> ConfigT:
+    """Parses the process arguments; prints help and exits on `--help`."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if "--help" in args or "-h" in args:
+        print(help_text(config))
+        raise SystemExit(0)
+    return parse_overrides(config, args)

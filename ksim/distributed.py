@@ -1,0 +1,143 @@
+"""Device helpers for pmap training: device info, replicate/shard pytrees, per-env keys, replica checks.
+
+No task logic lives here. "Replicated" arrays have a leading device axis holding identical copies;
+"sharded" arrays have a leading device axis splitting the env axis, `(num_devices, envs_per_device, ...)`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+Array = jax.Array
+
+
+def get_device_info() -> tuple[int, int, int]:
+    """(process_count, process_id, local_device_count)."""
+    return jax.process_count(), jax.process_index(), jax.local_device_count()
+
+
+def device_axis_sharding(devices: Sequence[jax.Device], axis_name: str) -> NamedSharding:
+    """How pmap lays out its inputs and outputs: the leading axis split over `devices`."""
+    return NamedSharding(Mesh(np.asarray(devices), (axis_name,)), PartitionSpec(axis_name))
+
+
+def _is_array(x: Any) -> bool:
+    return hasattr(x, "shape") and hasattr(x, "dtype")
+
+
+def replicate(tree: Any, devices: Sequence[jax.Device], axis_name: str) -> Any:
+    """One identical copy of every array leaf per device (explicit host-to-device transfer)."""
+    sharding = device_axis_sharding(devices, axis_name)
+
+    def put(x: Any) -> Any:
+        if not _is_array(x):
+            return x
+        host = np.asarray(jax.device_get(x))
+        return jax.device_put(np.broadcast_to(host, (len(devices), *host.shape)), sharding)
+
+    return jax.tree.map(put, tree)
+
+
+def unreplicate(tree: Any) -> Any:
+    """The first replica of every array leaf, read through `addressable_shards` (no gather)."""
+
+    def first(x: Any) -> Any:
+        if isinstance(x, jax.Array) and len(x.addressable_shards) > 0:
+            return x.addressable_shards[0].data[0]
+        return x[0] if _is_array(x) else x
+
+    return jax.tree.map(first, tree)
+
+
+def shard_env_axis(tree: Any, num_devices: int) -> Any:
+    """Reshapes a leading env axis `(num_envs, ...)` to `(num_devices, envs_per_device, ...)`.
+
+    Spelled out (no -1) so 0-sized axes reshape correctly; non-array leaves pass through.
+    """
+
+    def split(x: Any) -> Any:
+        if not _is_array(x) or x.ndim == 0:
+            return x
+        if x.shape[0] % num_devices:
+            raise ValueError(f"leading axis of size {x.shape[0]} is not divisible by {num_devices} devices")
+        return x.reshape(num_devices, x.shape[0] // num_devices, *x.shape[1:])
+
+    return jax.tree.map(split, tree)
+
+
+def unshard_env_axis(tree: Any) -> Any:
+    """Inverse of `shard_env_axis`: `(num_devices, envs_per_device, ...)` back to `(num_envs, ...)`."""
+
+    def merge(x: Any) -> Any:
+        if not _is_array(x) or x.ndim < 2:
+            return x
+        return x.reshape(x.shape[0] * x.shape[1], *x.shape[2:])
+
+    return jax.tree.map(merge, tree)
+
+
+def put_sharded(tree: Any, devices: Sequence[jax.Device], axis_name: str) -> Any:
+    """Places a tree whose leaves have a leading device axis, one slice per device."""
+    sharding = device_axis_sharding(devices, axis_name)
+    return jax.tree.map(lambda x: jax.device_put(x, sharding) if _is_array(x) else x, tree)
+
+
+def split_keys_per_device(key: Array, num_devices: int, per_device: int) -> Array:
+    """`(num_devices, per_device, 2)` keys: key i of the global split, whatever the device count."""
+    return shard_env_axis(jax.random.split(key, num_devices * per_device), num_devices)
+
+
+@dataclass(frozen=True)
+class LeafDivergence:
+    path: str
+    device: int
+    max_abs_diff: float
+    non_finite: int
+
+    def describe(self) -> str:
+        if self.non_finite:
+            return f"{self.path}: {self.non_finite} NaN/Inf values on device {self.device}"
+        return f"{self.path}: device {self.device} differs from device 0 by up to {self.max_abs_diff:.3g}"
+
+
+def make_replica_check(axis_name: str, devices: Sequence[jax.Device]) -> Callable[[Any], tuple[Any, Any]]:
+    """A pmapped function: per leaf, each device's max |x - x_device0| and its count of NaN/Inf values."""
+
+    def check(tree: Any) -> tuple[Any, Any]:
+        is_first = jax.lax.axis_index(axis_name) == 0
+
+        def diff(x: Array) -> Array:
+            if not jnp.issubdtype(x.dtype, jnp.inexact):
+                x = x.astype(jnp.float32)
+            reference = jax.lax.psum(jnp.where(is_first, x, jnp.zeros_like(x)), axis_name)
+            gap = jnp.abs(x - reference)
+            return jnp.max(jnp.where(jnp.isfinite(gap), gap, 0.0), initial=0.0)
+
+        def non_finite(x: Array) -> Array:
+            if not jnp.issubdtype(x.dtype, jnp.inexact):
+                return jnp.zeros((), jnp.int32)
+            return jnp.sum(~jnp.isfinite(x), dtype=jnp.int32)
+
+        return jax.tree.map(diff, tree), jax.tree.map(non_finite, tree)
+
+    return jax.pmap(check, axis_name=axis_name, devices=devices)
+
+
+def find_divergences(diffs: Any, non_finite: Any, tolerance: float) -> list[LeafDivergence]:
+    """Host-side: leaves whose copies differ by more than `tolerance`, or hold NaN/Inf, per device."""
+    found = []
+    flat_diffs = jax.tree_util.tree_flatten_with_path(jax.device_get(diffs))[0]
+    flat_bad = jax.tree.leaves(jax.device_get(non_finite))
+    for (path, per_device_diff), per_device_bad in zip(flat_diffs, flat_bad, strict=True):
+        name = jax.tree_util.keystr(path)
+        for device, (gap, bad) in enumerate(zip(np.asarray(per_device_diff), np.asarray(per_device_bad), strict=True)):
+            if bad or gap > tolerance:
+                found.append(LeafDivergence(name, device, float(gap), int(bad)))
+    return found

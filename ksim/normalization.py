@@ -1,0 +1,32 @@
+"""Running observation normalisation, merged batch by batch (Chan et al.'s parallel variance)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+Array = jax.Array
+
+
+@struct.dataclass
+class Normalizer:
+    mean: Array
+    var: Array
+    count: Array
+
+    @classmethod
+    def create(cls, dim: int) -> Normalizer:
+        # A tiny prior count keeps the first update from dividing by zero.
+        return cls(mean=jnp.zeros(dim), var=jnp.ones(dim), count=jnp.asarray(1e-4, jnp.float32))
+
+    def normalize(self, obs: Array, clip: float = 10.0) -> Array:
+        return jnp.clip((obs - self.mean) / jnp.sqrt(self.var + 1e-8), -clip, clip)
+
+    def merge(self, batch_mean: Array, batch_var: Array, batch_count: Array) -> Normalizer:
+        """Folds in statistics of a new batch of `batch_count` samples."""
+        total = self.count + batch_count
+        delta = batch_mean - self.mean
+        mean = self.mean + delta * batch_count / total
+        m2 = self.var * self.count + batch_var * batch_count + jnp.square(delta) * self.count * batch_count / total
+        return Normalizer(mean=mean, var=m2 / total, count=total)

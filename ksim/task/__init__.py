@@ -1,0 +1,1 @@
+"""Task classes: single-device RL and PPO, and their distributed (pmap) versions."""

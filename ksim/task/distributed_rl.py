@@ -1,0 +1,205 @@
+"""DistributedRLTask: the RLTask programs under `jax.pmap`, envs sharded and shared state replicated.
+
+Nothing here re-implements a rollout or an update: `compile` turns the same per-shard functions into
+pmapped programs, and the cross-device hooks become collectives over `pmap_axis_name`.
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import jax
+import numpy as np
+import xax
+
+from ksim.config import ConfigError, require_choice, require_divisible, require_non_negative
+from ksim.distributed import (
+    LeafDivergence,
+    find_divergences,
+    get_device_info,
+    make_replica_check,
+    put_sharded,
+    replicate,
+    split_keys_per_device,
+    unreplicate,
+)
+from ksim.task.rl import RLConfig, RLTask, TrainState
+
+Array = jax.Array
+
+# jax >= 0.10 CPU runtime: MJX contact models hang when several forced host devices step many envs
+# at once (see README, "Known issue"). Below this many envs per device it has been seen to run.
+CPU_MULTI_DEVICE_SAFE_ENVS_PER_DEVICE = 8
+
+
+@dataclass
+class DistributedRLConfig(RLConfig):
+    pmap_axis_name: str = xax.field("i", help="Name of the pmap axis that collectives reduce over.")
+    grad_sync_period: int = xax.field(
+        1, help="1: average gradients every minibatch. k>1: local SGD, average params every k train steps."
+    )
+    num_devices: int | None = xax.field(None, help="Local devices to use (default: all of them).")
+    consistency_check_every_n_steps: int = xax.field(
+        100, help="Check that replicated state is identical on every device every N steps (0 disables)."
+    )
+    consistency_tolerance: float = xax.field(0.0, help="Largest allowed |replica - device 0| difference.")
+    on_divergence: str = xax.field("raise", help="'raise' or 'resync' (copy device 0's state and warn).")
+    debug: bool = xax.field(False, help="Print per-device loss, grad norm and episode stats (jax.debug.print).")
+
+
+DistributedConfigT = TypeVar("DistributedConfigT", bound=DistributedRLConfig)
+
+
+class ReplicaDivergenceError(RuntimeError):
+    """Replicated state differs between devices (or holds NaN/Inf) at a consistency check."""
+
+
+class DistributedRLTask(RLTask[DistributedConfigT]):
+    """Runs every per-shard program of RLTask on `num_devices` local devices with `jax.pmap`."""
+
+    def __init__(self, config: DistributedConfigT) -> None:
+        super().__init__(config)
+        self.devices = jax.local_devices()[: self.num_devices]
+        self._check_due = False
+
+    @property
+    def num_devices(self) -> int:
+        requested = self.config.num_devices
+        return jax.local_device_count() if requested is None else requested
+
+    @property
+    def envs_per_device(self) -> int:
+        return self.config.num_envs // self.num_devices
+
+    @property
+    def axis_name(self) -> str:
+        return self.config.pmap_axis_name
+
+    def validate_config(self) -> None:
+        super().validate_config()
+        config = self.config
+        process_count, _, available = get_device_info()
+        if process_count > 1:
+            raise ConfigError(f"{process_count} processes: multi-process training is not supported yet")
+        if not 1 <= self.num_devices <= available:
+            raise ConfigError(f"num_devices={self.num_devices} must be between 1 and the {available} local devices")
+        in_use = f"the {self.num_devices} devices in use"
+        require_divisible("num_envs", config.num_envs, self.num_devices, in_use)
+        require_divisible("batch_size", config.batch_size, self.num_devices, in_use)
+        if config.grad_sync_period < 1:
+            raise ConfigError(f"grad_sync_period={config.grad_sync_period} must be >= 1")
+        if not config.pmap_axis_name.strip():
+            raise ConfigError("pmap_axis_name must be a non-empty name")
+        require_non_negative(config, "consistency_check_every_n_steps", "consistency_tolerance")
+        require_choice(config, "on_divergence", ("raise", "resync"))
+        if self.hang_hazard:
+            warnings.warn(self.hang_diagnosis(), stacklevel=2)
+
+    @property
+    def hang_hazard(self) -> bool:
+        """Whether this run is in the configuration known to hang jax >= 0.10's CPU runtime."""
+        jax_version = tuple(int(part) for part in jax.__version__.split(".")[:2])
+        return (
+            jax.default_backend() == "cpu"
+            and self.num_devices > 1
+            and jax_version >= (0, 10)
+            and self.config.num_envs // self.num_devices > CPU_MULTI_DEVICE_SAFE_ENVS_PER_DEVICE
+        )
+
+    def hang_diagnosis(self) -> str:
+        return (
+            f"Known issue: jax {jax.__version__}'s CPU runtime can hang when {self.num_devices} forced host "
+            f"devices step MJX models with contacts at more than {CPU_MULTI_DEVICE_SAFE_ENVS_PER_DEVICE} envs "
+            f"per device (this run: {self.config.num_envs // self.num_devices}). Use num_envs <= "
+            f"{CPU_MULTI_DEVICE_SAFE_ENVS_PER_DEVICE * self.num_devices}, or num_devices=1, or a GPU."
+        )
+
+    # ----- the RLTask hooks, as collectives and device placement ------------------------------------------------
+
+    def compile(self, fn: Callable[..., Any], donate_argnums: tuple[int, ...] = ()) -> Callable[..., Any]:
+        on_cpu = jax.default_backend() == "cpu"
+        return jax.pmap(
+            fn, axis_name=self.axis_name, devices=self.devices, donate_argnums=() if on_cpu else donate_argnums
+        )
+
+    def cross_device_mean(self, tree: Any) -> Any:
+        return jax.lax.pmean(tree, self.axis_name)
+
+    def cross_device_sum(self, tree: Any) -> Any:
+        return jax.lax.psum(tree, self.axis_name)
+
+    def place_replicated(self, tree: Any) -> Any:
+        return replicate(tree, self.devices, self.axis_name)
+
+    def place_env_keys(self, rng: Array) -> Array:
+        keys = split_keys_per_device(rng, self.num_devices, self.envs_per_device)
+        return put_sharded(keys, self.devices, self.axis_name)
+
+    def fetch_replicated(self, tree: Any) -> Any:
+        return jax.device_get(unreplicate(tree))
+
+    def debug_print(self, tag: str, values: dict[str, Array]) -> None:
+        if not self.config.debug:
+            return
+        fields = " ".join(f"{name}={{{name}}}" for name in values)
+        jax.debug.print(f"[device {{device}}] {tag}: {fields}", device=jax.lax.axis_index(self.axis_name), **values)
+
+    def log_fields(self, env_steps_per_s: float) -> dict[str, float]:
+        return {
+            "env_steps_per_s": env_steps_per_s,
+            "env_steps_per_s_per_device": env_steps_per_s / self.num_devices,
+            "num_devices": float(self.num_devices),
+        }
+
+    # ----- local SGD and the replicated-state check ----------------------------------------------------------
+
+    @functools.cached_property
+    def _average_shared_program(self) -> Callable[..., Any]:
+        def average(state: TrainState) -> TrainState:
+            mean = jax.tree.map(
+                lambda x: jax.lax.pmean(x, self.axis_name) if np.issubdtype(x.dtype, np.floating) else x,
+                (state.shared.params, state.shared.opt_state),
+            )
+            return state.replace(shared=state.shared.replace(params=mean[0], opt_state=mean[1]))
+
+        return self.compile(average, donate_argnums=(0,))
+
+    @functools.cached_property
+    def _replica_check_program(self) -> Callable[..., Any]:
+        return make_replica_check(self.axis_name, self.devices)
+
+    def is_sync_point(self, step: int) -> bool:
+        return step % self.config.grad_sync_period == 0
+
+    def after_train_step(self, state: TrainState, step: int) -> TrainState:
+        if self.config.grad_sync_period > 1 and self.is_sync_point(step):
+            state = self._average_shared_program(state)
+        period = self.config.consistency_check_every_n_steps
+        self._check_due = self._check_due or (period > 0 and step % period == 0)
+        if self._check_due and self.is_sync_point(step):  # between sync points replicas differ by design
+            self._check_due = False
+            state = self.check_replicas(state, step)
+        return state
+
+    def replica_divergences(self, state: TrainState) -> list[LeafDivergence]:
+        replicated = {"shared": state.shared, "rng": state.rng}
+        diffs, non_finite = self._replica_check_program(replicated)
+        return find_divergences(diffs, non_finite, self.config.consistency_tolerance)
+
+    def check_replicas(self, state: TrainState, step: int) -> TrainState:
+        """Raises, or with on_divergence='resync' copies device 0's replicated state to all devices."""
+        divergences = self.replica_divergences(state)
+        if not divergences:
+            return state
+        listed = "; ".join(d.describe() for d in divergences[:8])
+        more = f" (and {len(divergences) - 8} more)" if len(divergences) > 8 else ""
+        message = f"replicated state diverged at step {step}: {listed}{more}"
+        if self.config.on_divergence == "raise":
+            raise ReplicaDivergenceError(message)
+        warnings.warn(f"{message}; resynchronising from device 0", stacklevel=2)
+        shared, rng = self.fetch_replicated((state.shared, state.rng))
+        return state.replace(shared=self.place_replicated(shared), rng=self.place_replicated(rng))
