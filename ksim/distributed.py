@@ -94,6 +94,19 @@ def split_keys_per_device(key: Array, num_devices: int, per_device: int) -> Arra
     return shard_env_axis(jax.random.split(key, num_devices * per_device), num_devices)
 
 
+def path_name(path: tuple[Any, ...]) -> str:
+    """`shared/params/actor/Dense_0/bias` for a pytree key path."""
+    parts = []
+    for entry in path:
+        for attribute in ("key", "name", "idx"):
+            if hasattr(entry, attribute):
+                parts.append(str(getattr(entry, attribute)))
+                break
+        else:
+            parts.append(str(entry))
+    return "/".join(parts)
+
+
 @dataclass(frozen=True)
 class LeafDivergence:
     path: str
@@ -136,7 +149,7 @@ def find_divergences(diffs: Any, non_finite: Any, tolerance: float) -> list[Leaf
     flat_diffs = jax.tree_util.tree_flatten_with_path(jax.device_get(diffs))[0]
     flat_bad = jax.tree.leaves(jax.device_get(non_finite))
     for (path, per_device_diff), per_device_bad in zip(flat_diffs, flat_bad, strict=True):
-        name = jax.tree_util.keystr(path)
+        name = path_name(path)
         for device, (gap, bad) in enumerate(zip(np.asarray(per_device_diff), np.asarray(per_device_bad), strict=True)):
             if bad or gap > tolerance:
                 found.append(LeafDivergence(name, device, float(gap), int(bad)))

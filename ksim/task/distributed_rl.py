@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import jax
+import mujoco
 import numpy as np
 import xax
 
@@ -65,6 +66,8 @@ class DistributedRLTask(RLTask[DistributedConfigT]):
         super().__init__(config)
         self.devices = jax.local_devices()[: self.num_devices]
         self._check_due = False
+        if self.hang_hazard:
+            warnings.warn(self.hang_diagnosis(), stacklevel=2)
 
     @property
     def num_devices(self) -> int:
@@ -96,15 +99,15 @@ class DistributedRLTask(RLTask[DistributedConfigT]):
             raise ConfigError("pmap_axis_name must be a non-empty name")
         require_non_negative(config, "consistency_check_every_n_steps", "consistency_tolerance")
         require_choice(config, "on_divergence", ("raise", "resync"))
-        if self.hang_hazard:
-            warnings.warn(self.hang_diagnosis(), stacklevel=2)
 
     @property
     def hang_hazard(self) -> bool:
         """Whether this run is in the configuration known to hang jax >= 0.10's CPU runtime."""
         jax_version = tuple(int(part) for part in jax.__version__.split(".")[:2])
+        contacts = not self.engine.mj_model.opt.disableflags & mujoco.mjtDisableBit.mjDSBL_CONTACT
         return (
-            jax.default_backend() == "cpu"
+            contacts
+            and jax.default_backend() == "cpu"
             and self.num_devices > 1
             and jax_version >= (0, 10)
             and self.config.num_envs // self.num_devices > CPU_MULTI_DEVICE_SAFE_ENVS_PER_DEVICE

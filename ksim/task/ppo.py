@@ -177,7 +177,7 @@ class PPOTask(RLTask[PPOConfigT]):
         def minibatch_step(carry: tuple[Any, Any], minibatch: PPOBatch) -> tuple[tuple[Any, Any], Metrics]:
             params, opt_state = carry
             grads, metrics = grad_fn(params, minibatch, self.normalize_advantage(minibatch.advantage))
-            metrics["local_grad_norm"] = optax.global_norm(grads)
+            metrics["local_grad_norm"] = optax.tree.norm(grads)
             grads = self.sync_gradients(grads)
             updates, opt_state = self.optimizer.update(grads, opt_state, params)
             return (optax.apply_updates(params, updates), opt_state), metrics
@@ -192,6 +192,6 @@ class PPOTask(RLTask[PPOConfigT]):
         keys = jax.random.split(rng, self.config.num_passes)
         (params, opt_state), metrics = jax.lax.scan(epoch, (shared.params, shared.opt_state), keys)
         metrics = jax.tree.map(jnp.mean, metrics)
-        self.debug_print("update", {k: metrics[k] for k in ("loss", "local_grad_norm", "approx_kl")})
         metrics["value_mean"] = jnp.mean(batch.value)
-        return shared.replace(params=params, opt_state=opt_state), metrics
+        self.debug_print("update", {k: metrics[k] for k in ("loss", "local_grad_norm", "approx_kl")})
+        return shared.replace(params=params, opt_state=opt_state), self.cross_device_mean(metrics)

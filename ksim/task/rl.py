@@ -236,7 +236,7 @@ class RLTask(ABC, Generic[ConfigT]):
 
     @abstractmethod
     def update_shard(self, shared: SharedState, trajectory: Trajectory, rng: Array) -> tuple[SharedState, Metrics]:
-        """The learning update from one shard's rollout (the RL algorithm)."""
+        """The learning update from one shard's rollout (the RL algorithm); metrics reduced over shards."""
 
     # ----- configuration ---------------------------------------------------------------------------------
 
@@ -407,10 +407,13 @@ class RLTask(ABC, Generic[ConfigT]):
         self.debug_print("rollout", {k: rollout_metrics[k] for k in ("episodes_finished", "episode_return_sum")})
         shared, update_metrics = self.update_shard(state.shared, trajectory, update_key)
         shared = shared.replace(normalizer=self.update_normalizer(shared.normalizer, trajectory.obs))
-        sums = {k: v for k, v in rollout_metrics.items() if not k.startswith("reward/")}
-        means = {k: v for k, v in rollout_metrics.items() if k.startswith("reward/")} | update_metrics
-        metrics = self.cross_device_sum(sums) | self.cross_device_mean(means)
-        return TrainState(shared=shared, env=env, rng=rng), metrics
+        return TrainState(shared=shared, env=env, rng=rng), self.reduce_rollout_metrics(rollout_metrics) | update_metrics
+
+    def reduce_rollout_metrics(self, metrics: Metrics) -> Metrics:
+        """Episode counts and sums add up over shards; per-step reward means average."""
+        sums = {k: v for k, v in metrics.items() if not k.startswith("reward/")}
+        means = {k: v for k, v in metrics.items() if k.startswith("reward/")}
+        return self.cross_device_sum(sums) | self.cross_device_mean(means)
 
     # ----- compiled entry points ------------------------------------------------------------------------------
 

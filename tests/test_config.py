@@ -1,0 +1,97 @@
+"""Bad settings fail with one clear message naming the setting and the rule, before anything compiles."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from helpers import DistributedCartpoleTask, cartpole_config, distributed_cartpole_config
+
+from examples.cartpole import DEFAULT_CONFIG, CartpoleTask
+from ksim.config import ConfigError, help_text, parse_command_line, parse_overrides
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"num_envs": 0}, "num_envs=0 must be positive"),
+        ({"batch_size": -2}, "batch_size=-2 must be positive"),
+        ({"num_passes": 0}, "num_passes=0 must be positive"),
+        ({"rollout_length_frames": 0}, "rollout_length_frames=0 must be positive"),
+        ({"num_envs": 6, "batch_size": 4}, "num_envs=6 is not divisible by batch_size=4"),
+        ({"ctrl_dt": 0.02, "dt": 0.003}, "dt=0.003 must divide ctrl_dt=0.02"),
+        ({"ctrl_dt": 0.005, "dt": 0.01}, "dt=0.01 must divide ctrl_dt=0.005"),
+        ({"mode": "fly"}, "mode='fly' must be one of 'train', 'eval'"),
+        ({"mode": "eval"}, "mode='eval' needs load_from_ckpt_path"),
+        ({"gamma": 1.5}, "gamma=1.5 must be in [0, 1]"),
+        ({"learning_rate": 0.0}, "learning_rate=0.0 must be positive"),
+        ({"video_path": "out.avi"}, "video_path='out.avi' must end in .mp4 or .gif"),
+    ],
+)
+def test_single_device_rules(overrides: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        CartpoleTask(cartpole_config(**overrides))
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"num_envs": 6, "batch_size": 2, "num_devices": 4}, "num_envs=6 is not divisible by the 4 devices in use"),
+        ({"num_envs": 8, "batch_size": 2, "num_devices": 4}, "batch_size=2 is not divisible by the 4 devices in use"),
+        ({"num_envs": 12, "batch_size": 8, "num_devices": 4}, "num_envs=12 is not divisible by batch_size=8"),
+        ({"num_devices": 5}, "num_devices=5 must be between 1 and the 4 local devices"),
+        ({"num_devices": 0}, "num_devices=0 must be between 1 and the 4 local devices"),
+        ({"grad_sync_period": 0}, "grad_sync_period=0 must be >= 1"),
+        ({"pmap_axis_name": " "}, "pmap_axis_name must be a non-empty name"),
+        ({"on_divergence": "ignore"}, "on_divergence='ignore' must be one of 'raise', 'resync'"),
+        ({"consistency_check_every_n_steps": -1}, "consistency_check_every_n_steps=-1 must be >= 0"),
+    ],
+)
+def test_distributed_rules(overrides: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        DistributedCartpoleTask(distributed_cartpole_config(**overrides))
+
+
+def test_all_local_devices_by_default() -> None:
+    task = DistributedCartpoleTask(distributed_cartpole_config())
+    assert task.num_devices == 4
+    assert task.envs_per_device == 2
+
+
+def test_overrides_parse_and_type_check() -> None:
+    config = parse_overrides(DEFAULT_CONFIG, ["num_envs=32", "learning_rate=1e-4", "actor_hidden=[8,8]"])
+    assert (config.num_envs, config.learning_rate, config.actor_hidden) == (32, 1e-4, [8, 8])
+    assert type(config) is type(DEFAULT_CONFIG)
+    with pytest.raises(ConfigError, match="unknown setting 'num_env'"):
+        parse_overrides(DEFAULT_CONFIG, ["num_env=3"])
+    with pytest.raises(ConfigError, match="num_envs=lots is not valid"):
+        parse_overrides(DEFAULT_CONFIG, ["num_envs=lots"])
+    with pytest.raises(ConfigError, match="not of the form key=value"):
+        parse_overrides(DEFAULT_CONFIG, ["num_envs"])
+
+
+def test_help_lists_every_field_with_its_help(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        parse_command_line(DEFAULT_CONFIG, ["--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    assert out == help_text(DEFAULT_CONFIG) + "\n"
+    assert "num_envs: int = 64" in out
+    assert "Environments per minibatch" in out
+    assert "clip_eps: float = 0.2" in out
+
+
+def test_command_line_error_exits_before_writing_anything(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    result = subprocess.run(
+        [sys.executable, "-m", "examples.cartpole", "num_envs=6", "batch_size=4", f"run_dir={run_dir}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip().endswith("error: num_envs=6 is not divisible by batch_size=4")
+    assert not run_dir.exists()
