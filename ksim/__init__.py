@@ -1,1 +1,6 @@
 """ksim: RL tasks on MuJoCo MJX, trained with PPO on one device or on all of them."""
+
+from ksim.distributed import avoid_cpu_lapack_deadlock
+
+# Before any JAX backend exists: see README, "Known issue: forced CPU devices".
+avoid_cpu_lapack_deadlock()

@@ -68,7 +68,7 @@ def parse_overrides(config: ConfigT, argv: Sequence[str]) -> ConfigT:
     except OmegaConfBaseException as error:
         key = getattr(error, "full_key", "?")
         value = next((arg.split("=", 1)[1] for arg in argv if arg.split("=", 1)[0] == key), "?")
-        raise ConfigError(f"{key}={value} is not valid: {error.msg.splitlines()[0]}") from None
+        raise ConfigError(f"{key}={value} is not valid: {(error.msg or str(error)).splitlines()[0]}") from None
     result: Any = OmegaConf.to_object(merged)
     return result
 

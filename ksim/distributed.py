@@ -6,6 +6,9 @@ No task logic lives here. "Replicated" arrays have a leading device axis holding
 
 from __future__ import annotations
 
+import math
+import os
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -21,6 +24,36 @@ Array = jax.Array
 def get_device_info() -> tuple[int, int, int]:
     """(process_count, process_id, local_device_count)."""
     return jax.process_count(), jax.process_index(), jax.local_device_count()
+
+
+def requested_cpu_devices() -> int:
+    """CPU devices asked for through XLA_FLAGS or JAX_NUM_CPU_DEVICES (1 when neither is set)."""
+    match = re.search(r"--xla_force_host_platform_device_count=(\d+)", os.environ.get("XLA_FLAGS", ""))
+    flag_count = int(match.group(1)) if match else 1
+    return max(flag_count, int(os.environ.get("JAX_NUM_CPU_DEVICES", "1") or 1))
+
+
+def cpu_thread_pool_size() -> int:
+    """Threads in XLA:CPU's intra-op pool: PJRT_NPROC or NPROC if set, else the usable CPUs."""
+    configured = os.environ.get("PJRT_NPROC") or os.environ.get("NPROC")
+    return int(configured) if configured else len(os.sched_getaffinity(0))
+
+
+def avoid_cpu_lapack_deadlock() -> None:
+    """Sizes the CPU thread pool above the forced device count; must run before JAX's CPU backend starts.
+
+    jaxlib 0.10's batched LAPACK kernels (MJX's Cholesky) split big batches into chunks on the same pool
+    they run on and wait for them; when every pool thread is a device program waiting, nothing runs the
+    chunks and the process deadlocks. One thread more than there are devices is enough.
+    """
+    devices = requested_cpu_devices()
+    if devices > 1 and not (os.environ.get("PJRT_NPROC") or os.environ.get("NPROC")):
+        os.environ["PJRT_NPROC"] = str(max(len(os.sched_getaffinity(0)), devices + 1))
+
+
+def lapack_parallel_batch_threshold(nv: int) -> int:
+    """Batch size above which jaxlib 0.10 splits an (nv x nv) Cholesky over the thread pool."""
+    return math.ceil(200_000 / max(nv**3 // 3, 1))
 
 
 def device_axis_sharding(devices: Sequence[jax.Device], axis_name: str) -> NamedSharding:

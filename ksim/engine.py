@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -35,8 +35,7 @@ def rotate_inverse(quat: Array, vec: Array) -> Array:
     return vec - w * t + jnp.cross(xyz, t)
 
 
-@struct.dataclass
-class StepContext:
+class StepContext(struct.PyTreeNode):
     """What components see of one env after a control step (unbatched)."""
 
     data: mjx.Data

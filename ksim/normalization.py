@@ -9,8 +9,7 @@ from flax import struct
 Array = jax.Array
 
 
-@struct.dataclass
-class Normalizer:
+class Normalizer(struct.PyTreeNode):
     mean: Array
     var: Array
     count: Array

@@ -4,8 +4,10 @@ import os
 
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4").strip()
 
-import jax  # noqa: E402
-import pytest  # noqa: E402
+import jax
+import pytest
+
+import ksim  # noqa: F401  (sizes the CPU thread pool before JAX starts)
 
 # Identical programs built by different test modules (same task, same shapes) compile once.
 jax.config.update("jax_compilation_cache_dir", os.path.join(os.path.dirname(__file__), "..", ".jax_cache"))

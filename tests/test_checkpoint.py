@@ -55,7 +55,9 @@ def test_resume_continues_counters_and_state(trained: tuple, tmp_path: Path) -> 
     assert int(contents["env_steps"]) == 3 * task.env_steps_per_train_step
     before = task.load_contents(ckpt)
     # Training went on from the loaded params (one more step changed them), with the Adam count carried.
-    assert not np.array_equal(jax.tree.leaves(before["shared"].params)[0], jax.tree.leaves(contents["shared"].params)[0])
+    assert not np.array_equal(
+        jax.tree.leaves(before["shared"].params)[0], jax.tree.leaves(contents["shared"].params)[0]
+    )
     adam_count = [leaf for leaf in jax.tree.leaves(state.shared.opt_state) if np.asarray(leaf).dtype == np.int32]
     assert int(np.asarray(adam_count[0])) == 3 * task.num_minibatches * task.config.num_passes
 
@@ -92,7 +94,13 @@ def test_save_is_atomic_on_failure(tmp_path: Path) -> None:
 
 def test_sigterm_saves_a_checkpoint_and_exits_cleanly(tmp_path: Path) -> None:
     env = {**os.environ, "JAX_COMPILATION_CACHE_DIR": str(ROOT / ".jax_cache"), "PYTHONUNBUFFERED": "1"}
-    args = ["num_envs=8", "batch_size=4", "rollout_length_frames=8", "actor_hidden=[16,16]", "critic_hidden=[16,16]"]
+    args = [
+        "num_envs=8",
+        "batch_size=4",
+        "rollout_length_frames=8",
+        "actor_hidden=[16,16]",
+        "critic_hidden=[16,16]",
+    ]
     process = subprocess.Popen(
         [sys.executable, "-m", "examples.cartpole", *args, "num_steps=100000", f"run_dir={tmp_path}"],
         cwd=ROOT,

@@ -38,8 +38,14 @@ def test_single_device_rules(overrides: dict, message: str) -> None:
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        ({"num_envs": 6, "batch_size": 2, "num_devices": 4}, "num_envs=6 is not divisible by the 4 devices in use"),
-        ({"num_envs": 8, "batch_size": 2, "num_devices": 4}, "batch_size=2 is not divisible by the 4 devices in use"),
+        (
+            {"num_envs": 6, "batch_size": 2, "num_devices": 4},
+            "num_envs=6 is not divisible by the 4 devices in use",
+        ),
+        (
+            {"num_envs": 8, "batch_size": 2, "num_devices": 4},
+            "batch_size=2 is not divisible by the 4 devices in use",
+        ),
         ({"num_envs": 12, "batch_size": 8, "num_devices": 4}, "num_envs=12 is not divisible by batch_size=8"),
         ({"num_devices": 5}, "num_devices=5 must be between 1 and the 4 local devices"),
         ({"num_devices": 0}, "num_devices=0 must be between 1 and the 4 local devices"),

@@ -37,7 +37,9 @@ def rollout_data(single: CartpoleTask) -> tuple:
 
 
 @pytest.mark.parametrize("num_devices", [2, 4])
-def test_update_on_n_devices_equals_single_device_update(single: CartpoleTask, rollout_data: tuple, num_devices: int) -> None:
+def test_update_on_n_devices_equals_single_device_update(
+    single: CartpoleTask, rollout_data: tuple, num_devices: int
+) -> None:
     shared, trajectory = rollout_data
     rng = jax.random.PRNGKey(7)
     expected, expected_metrics = single.update(shared, trajectory, rng)
@@ -90,7 +92,10 @@ def test_replicas_start_identical(four_device_task: DistributedCartpoleTask, fou
 
 def test_check_raises_naming_leaf_and_device(four_device_task, four_device_state) -> None:
     broken = perturbed(four_device_task, four_device_state, device=2, value=1e-3)
-    with pytest.raises(ReplicaDivergenceError, match=r"step 5: shared/params/params/actor/Dense_0/bias: device 2 differs from device 0 by up to 0.001"):
+    with pytest.raises(
+        ReplicaDivergenceError,
+        match=r"step 5: shared/params/params/actor/Dense_0/bias: device 2 differs from device 0 by up to 0.001",
+    ):
         four_device_task.check_replicas(broken, step=5)
 
 
@@ -142,7 +147,9 @@ def test_checkpoints_move_between_device_counts_and_to_ppo_task(tmp_path: Path) 
     assert returns.shape == (2,)
 
     two = DistributedCartpoleTask(
-        distributed_cartpole_config(num_devices=2, num_steps=3, load_from_ckpt_path=str(ckpt), run_dir=str(tmp_path / "two"))
+        distributed_cartpole_config(
+            num_devices=2, num_steps=3, load_from_ckpt_path=str(ckpt), run_dir=str(tmp_path / "two")
+        )
     )
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)  # no divergence warnings on resume

@@ -104,7 +104,9 @@ def test_gaussian_helpers_match_closed_forms() -> None:
     log_std = jnp.array([[0.1, -0.2]])
     action = jnp.array([[0.0, 0.3]])
     np.testing.assert_allclose(
-        gaussian_log_prob(action, mean, log_std), numpy_log_prob(*(np.asarray(x) for x in (action, mean, log_std))), rtol=1e-6
+        gaussian_log_prob(action, mean, log_std),
+        numpy_log_prob(*(np.asarray(x) for x in (action, mean, log_std))),
+        rtol=1e-6,
     )
     assert gaussian_entropy(log_std).shape == (1,)
     assert isinstance(ActorCritic(action_dim=1), nn.Module)

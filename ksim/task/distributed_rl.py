@@ -13,15 +13,16 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import jax
-import mujoco
 import numpy as np
 import xax
 
 from ksim.config import ConfigError, require_choice, require_divisible, require_non_negative
 from ksim.distributed import (
     LeafDivergence,
+    cpu_thread_pool_size,
     find_divergences,
     get_device_info,
+    lapack_parallel_batch_threshold,
     make_replica_check,
     put_sharded,
     replicate,
@@ -31,10 +32,6 @@ from ksim.distributed import (
 from ksim.task.rl import RLConfig, RLTask, TrainState
 
 Array = jax.Array
-
-# jax >= 0.10 CPU runtime: MJX contact models hang when several forced host devices step many envs
-# at once (see README, "Known issue"). Below this many envs per device it has been seen to run.
-CPU_MULTI_DEVICE_SAFE_ENVS_PER_DEVICE = 8
 
 
 @dataclass
@@ -67,7 +64,7 @@ class DistributedRLTask(RLTask[DistributedConfigT]):
         self.devices = jax.local_devices()[: self.num_devices]
         self._check_due = False
         if self.hang_hazard:
-            warnings.warn(self.hang_diagnosis(), stacklevel=2)
+            raise ConfigError(self.hang_diagnosis())
 
     @property
     def num_devices(self) -> int:
@@ -102,23 +99,20 @@ class DistributedRLTask(RLTask[DistributedConfigT]):
 
     @property
     def hang_hazard(self) -> bool:
-        """Whether this run is in the configuration known to hang jax >= 0.10's CPU runtime."""
-        jax_version = tuple(int(part) for part in jax.__version__.split(".")[:2])
-        contacts = not self.engine.mj_model.opt.disableflags & mujoco.mjtDisableBit.mjDSBL_CONTACT
+        """Whether this run meets jax >= 0.10's CPU LAPACK deadlock (README, "Known issue")."""
         return (
-            contacts
-            and jax.default_backend() == "cpu"
-            and self.num_devices > 1
-            and jax_version >= (0, 10)
-            and self.config.num_envs // self.num_devices > CPU_MULTI_DEVICE_SAFE_ENVS_PER_DEVICE
+            jax.default_backend() == "cpu"
+            and self.num_devices >= cpu_thread_pool_size()
+            and self.envs_per_device > lapack_parallel_batch_threshold(self.engine.mj_model.nv)
         )
 
     def hang_diagnosis(self) -> str:
         return (
-            f"Known issue: jax {jax.__version__}'s CPU runtime can hang when {self.num_devices} forced host "
-            f"devices step MJX models with contacts at more than {CPU_MULTI_DEVICE_SAFE_ENVS_PER_DEVICE} envs "
-            f"per device (this run: {self.config.num_envs // self.num_devices}). Use num_envs <= "
-            f"{CPU_MULTI_DEVICE_SAFE_ENVS_PER_DEVICE * self.num_devices}, or num_devices=1, or a GPU."
+            f"Known issue: with jax >= 0.10 on CPU, {self.num_devices} devices stepping MJX batches of more than "
+            f"{lapack_parallel_batch_threshold(self.engine.mj_model.nv)} envs per device deadlock when the CPU "
+            f"thread pool ({cpu_thread_pool_size()} threads) is not larger than the device count. Import ksim "
+            f"before JAX starts (it sets PJRT_NPROC), or set PJRT_NPROC={self.num_devices + 1} yourself, or use "
+            f"fewer envs per device, or one device: forced CPU devices share the same cores anyway."
         )
 
     # ----- the RLTask hooks, as collectives and device placement ------------------------------------------------
@@ -126,7 +120,10 @@ class DistributedRLTask(RLTask[DistributedConfigT]):
     def compile(self, fn: Callable[..., Any], donate_argnums: tuple[int, ...] = ()) -> Callable[..., Any]:
         on_cpu = jax.default_backend() == "cpu"
         return jax.pmap(
-            fn, axis_name=self.axis_name, devices=self.devices, donate_argnums=() if on_cpu else donate_argnums
+            fn,
+            axis_name=self.axis_name,
+            devices=self.devices,
+            donate_argnums=() if on_cpu else donate_argnums,
         )
 
     def cross_device_mean(self, tree: Any) -> Any:
@@ -149,7 +146,8 @@ class DistributedRLTask(RLTask[DistributedConfigT]):
         if not self.config.debug:
             return
         fields = " ".join(f"{name}={{{name}}}" for name in values)
-        jax.debug.print(f"[device {{device}}] {tag}: {fields}", device=jax.lax.axis_index(self.axis_name), **values)
+        kwargs: dict[str, Any] = {"device": jax.lax.axis_index(self.axis_name), **values}
+        jax.debug.print(f"[device {{device}}] {tag}: {fields}", **kwargs)
 
     def log_fields(self, env_steps_per_s: float) -> dict[str, float]:
         return {

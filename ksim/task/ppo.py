@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import flax.linen as nn
 import jax
@@ -38,8 +38,7 @@ class PPOConfig(RLConfig):
 PPOConfigT = TypeVar("PPOConfigT", bound=PPOConfig)
 
 
-@struct.dataclass
-class PPOBatch:
+class PPOBatch(struct.PyTreeNode):
     """Env-major training data: leaves are (num_envs, rollout_length, ...)."""
 
     obs: Array
@@ -79,7 +78,7 @@ def ppo_loss(
     model: nn.Module, params: Any, batch: PPOBatch, config: PPOConfig, advantage: Array
 ) -> tuple[Array, Metrics]:
     """Clipped surrogate + clipped value loss - entropy bonus, on one minibatch."""
-    mean, log_std, value = model.apply(params, batch.obs)
+    mean, log_std, value = cast(tuple[Array, Array, Array], model.apply(params, batch.obs))
     log_ratio = gaussian_log_prob(batch.action, mean, log_std) - batch.log_prob
     ratio = jnp.exp(log_ratio)
     clipped_ratio = jnp.clip(ratio, 1.0 - config.clip_eps, 1.0 + config.clip_eps)
@@ -129,7 +128,8 @@ class PPOTask(RLTask[PPOConfigT]):
         return shared.normalizer.normalize(obs) if self.config.normalize_observations else obs
 
     def sample_action(self, shared: SharedState, obs: Array, rng: Array, deterministic: bool = False) -> Array:
-        mean, log_std = self.model.apply(shared.params, self.normalize_obs(shared, obs), method=ActorCritic.policy)
+        obs = self.normalize_obs(shared, obs)
+        mean, log_std = cast(tuple[Array, Array], self.model.apply(shared.params, obs, method=ActorCritic.policy))
         if deterministic:
             return mean
         return mean + jnp.exp(log_std) * jax.random.normal(rng, mean.shape)
@@ -141,10 +141,9 @@ class PPOTask(RLTask[PPOConfigT]):
     def prepare_batch(self, shared: SharedState, trajectory: Trajectory) -> PPOBatch:
         """Log-probs, values and GAE under the rollout's params, reordered env-major."""
         obs = self.normalize_obs(shared, trajectory.obs)
-        mean, log_std, value = self.model.apply(shared.params, obs)
-        next_value = self.model.apply(
-            shared.params, self.normalize_obs(shared, trajectory.next_obs), method=ActorCritic.value
-        )
+        mean, log_std, value = cast(tuple[Array, Array, Array], self.model.apply(shared.params, obs))
+        next_obs = self.normalize_obs(shared, trajectory.next_obs)
+        next_value = cast(Array, self.model.apply(shared.params, next_obs, method=ActorCritic.value))
         done = trajectory.terminated | trajectory.truncated
         advantage, returns = compute_gae(
             trajectory.reward,

@@ -7,6 +7,7 @@ the same functions with `jax.pmap` and fills in the cross-device hooks (`cross_d
 
 from __future__ import annotations
 
+import faulthandler
 import functools
 import math
 import os
@@ -15,6 +16,7 @@ import sys
 import threading
 import time
 from abc import ABC, abstractmethod
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -74,15 +76,15 @@ class RLConfig:
     eval_episodes: int = xax.field(10, help="Episodes run by mode=eval (deterministic policy).")
     video_path: str = xax.field("", help="mode=eval: write the first episode to this .mp4 or .gif.")
     watchdog_timeout_s: float = xax.field(
-        900.0, help="Abort with a diagnosis if one train step takes longer than this (0 disables)."
+        600.0,
+        help="Abort with a diagnosis if one train step runs longer than this, compile excluded (0: off).",
     )
 
 
 ConfigT = TypeVar("ConfigT", bound=RLConfig)
 
 
-@struct.dataclass
-class EnvState:
+class EnvState(struct.PyTreeNode):
     """State of one env, or of a batch of envs with a leading env axis."""
 
     data: mjx.Data
@@ -93,8 +95,7 @@ class EnvState:
     rng: Array
 
 
-@struct.dataclass
-class SharedState:
+class SharedState(struct.PyTreeNode):
     """What every env shares: the learner's parameters, optimizer state and observation statistics."""
 
     params: Any
@@ -102,15 +103,13 @@ class SharedState:
     normalizer: Normalizer
 
 
-@struct.dataclass
-class TrainState:
+class TrainState(struct.PyTreeNode):
     shared: SharedState
     env: EnvState
     rng: Array
 
 
-@struct.dataclass
-class Trajectory:
+class Trajectory(struct.PyTreeNode):
     """A rollout, time-major: leaves are (rollout_length, num_envs, ...)."""
 
     obs: Array
@@ -121,8 +120,7 @@ class Trajectory:
     truncated: Array
 
 
-@struct.dataclass
-class Transition:
+class Transition(struct.PyTreeNode):
     trajectory: Trajectory
     episode_return: Array  # running return, final at `done`
     episode_length: Array
@@ -159,22 +157,47 @@ class GracefulStop:
 
 
 class Watchdog:
-    """Aborts the process with a diagnosis if the training loop stops making progress."""
+    """Aborts with a diagnosis when one train step stays unfinished for `timeout_s`.
+
+    The loop hands it each step's metrics right after dispatch (compilation has finished by then);
+    a background thread polls `is_ready()`, so nothing blocks and nothing is transferred.
+    """
 
     def __init__(self, timeout_s: float, diagnosis: Callable[[], str]) -> None:
         self.timeout_s = timeout_s
         self.diagnosis = diagnosis
-        self._last_beat = time.monotonic()
+        self._pending: deque[tuple[Any, float]] = deque()
+        self._lock = threading.Lock()
         self._done = threading.Event()
 
-    def beat(self) -> None:
-        self._last_beat = time.monotonic()
+    def track(self, metrics: Any) -> None:
+        if self.timeout_s > 0:
+            with self._lock:
+                self._pending.append((jax.tree.leaves(metrics)[0], time.monotonic()))
+
+    def stalled_for(self) -> float:
+        """Seconds the oldest unfinished step has been running (0 when none is)."""
+        now, started = time.monotonic(), None
+        with self._lock:
+            while self._pending and self._pending[0][0].is_ready():
+                self._pending.popleft()
+                started = now  # the next step could only start once this one finished
+            if not self._pending:
+                return 0.0
+            array, dispatched = self._pending[0]
+            started = max(dispatched, started or dispatched)
+            self._pending[0] = (array, started)
+        return now - started
 
     def _watch(self) -> None:
-        while not self._done.wait(min(5.0, self.timeout_s)):
-            stalled = time.monotonic() - self._last_beat
+        while not self._done.wait(min(2.0, self.timeout_s)):
+            stalled = self.stalled_for()
             if stalled > self.timeout_s:
-                print(f"\nwatchdog: no train step finished in {stalled:.0f} s. {self.diagnosis()}", file=sys.stderr)
+                print(
+                    f"\nwatchdog: a train step has not finished in {stalled:.0f} s. {self.diagnosis()}",
+                    file=sys.stderr,
+                )
+                faulthandler.dump_traceback(file=sys.stderr)
                 sys.stderr.flush()
                 os._exit(3)
 
@@ -407,7 +430,9 @@ class RLTask(ABC, Generic[ConfigT]):
         self.debug_print("rollout", {k: rollout_metrics[k] for k in ("episodes_finished", "episode_return_sum")})
         shared, update_metrics = self.update_shard(state.shared, trajectory, update_key)
         shared = shared.replace(normalizer=self.update_normalizer(shared.normalizer, trajectory.obs))
-        return TrainState(shared=shared, env=env, rng=rng), self.reduce_rollout_metrics(rollout_metrics) | update_metrics
+        return TrainState(shared=shared, env=env, rng=rng), self.reduce_rollout_metrics(
+            rollout_metrics
+        ) | update_metrics
 
     def reduce_rollout_metrics(self, metrics: Metrics) -> Metrics:
         """Episode counts and sums add up over shards; per-step reward means average."""
@@ -484,7 +509,7 @@ class RLTask(ABC, Generic[ConfigT]):
         return run_dir
 
     def hang_diagnosis(self) -> str:
-        return "The device program did not return; rerun with fewer envs to check whether it is a hang."
+        return "The device program did not return; if this is a hang, the stacks below show where."
 
     def run(self) -> Any:
         return self.run_eval() if self.config.mode == "eval" else self.run_training()
@@ -510,19 +535,18 @@ class RLTask(ABC, Generic[ConfigT]):
                 while step < config.num_steps and not stop.requested:
                     with jax.transfer_guard("disallow"):
                         state, metrics = self.train_step(state)
+                    watchdog.track(metrics)
                     step += 1
                     env_steps += self.env_steps_per_train_step
                     state = self.after_train_step(state, step)
                     if step == start_step + 1:  # the first step compiles: time it apart from throughput
                         jax.block_until_ready(metrics)
-                        watchdog.beat()
                         last_log_time = time.perf_counter()
                         last_log_env_steps = env_steps
                         if run_dir:
                             print(f"startup and first train step (compiles): {last_log_time - start_time:.1f} s")
                     if step % config.log_every_n_steps == 0 or step == config.num_steps:
                         scalars = self.scalars(self.fetch_replicated(metrics))
-                        watchdog.beat()
                         now = time.perf_counter()
                         if step > start_step + 1:
                             scalars |= self.log_fields((env_steps - last_log_env_steps) / (now - last_log_time))

@@ -1,0 +1,38 @@
+"""Offscreen rendering of a recorded episode with `mujoco.Renderer` (needs an OpenGL backend: MUJOCO_GL)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import mujoco
+import numpy as np
+
+
+def render_frames(mj_model: mujoco.MjModel, qpos: np.ndarray, width: int = 640, height: int = 480) -> list[np.ndarray]:
+    """One RGB frame per recorded qpos, from the model's `track` camera when it has one."""
+    data = mujoco.MjData(mj_model)
+    camera = "track" if mujoco.mj_name2id(mj_model, mujoco.mjtObj.mjOBJ_CAMERA, "track") >= 0 else -1
+    frames = []
+    with mujoco.Renderer(mj_model, height=height, width=width) as renderer:
+        for pose in qpos:
+            data.qpos[:] = pose
+            mujoco.mj_forward(mj_model, data)
+            renderer.update_scene(data, camera=camera)
+            frames.append(renderer.render().copy())
+    return frames
+
+
+def write_video(mj_model: mujoco.MjModel, qpos: np.ndarray, ctrl_dt: float, path: str | Path) -> Path:
+    """Writes an .mp4 (through imageio-ffmpeg) or .gif of the episode at real-time speed."""
+    import imageio.v2 as imageio
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    frames: list[Any] = render_frames(mj_model, np.asarray(qpos))
+    fps = 1.0 / ctrl_dt
+    if path.suffix == ".gif":
+        imageio.mimsave(path, frames, duration=1000.0 / fps, loop=0)
+    else:
+        imageio.mimsave(path, frames, fps=fps, macro_block_size=1)
+    return path
