@@ -24,24 +24,31 @@ class Observation(ABC):
     def observe(self, ctx: StepContext) -> Array: ...
 
 
+def _select(values: Array, indices: tuple[int, ...] | None) -> Array:
+    return values if indices is None else values[jnp.asarray(indices)]
+
+
 @dataclass(frozen=True)
 class JointPosition(Observation):
-    """Non-root joint positions, relative to `offset` (e.g. the default pose)."""
+    """Non-root joint positions (all, or those at `indices`), relative to `offset` (e.g. the default pose)."""
 
     offset: tuple[float, ...] | None = None
+    indices: tuple[int, ...] | None = None
 
     def observe(self, ctx: StepContext) -> Array:
-        if self.offset is None:
-            return ctx.joint_pos
-        return ctx.joint_pos - jnp.asarray(self.offset)
+        position = _select(ctx.joint_pos, self.indices)
+        return position if self.offset is None else position - jnp.asarray(self.offset)
 
 
 @dataclass(frozen=True)
 class JointVelocity(Observation):
+    """Non-root joint velocities (all, or those at `indices`), times `scale`."""
+
     scale: float = 0.1
+    indices: tuple[int, ...] | None = None
 
     def observe(self, ctx: StepContext) -> Array:
-        return ctx.joint_vel * self.scale
+        return _select(ctx.joint_vel, self.indices) * self.scale
 
 
 @dataclass(frozen=True)

@@ -157,3 +157,14 @@ def test_checkpoints_move_between_device_counts_and_to_ppo_task(tmp_path: Path) 
     resumed = two.load_contents(tmp_path / "two" / "checkpoints" / "ckpt_latest.bin")
     assert int(resumed["step"]) == 3
     assert two.replica_divergences(two_state) == []
+
+
+def test_debug_prints_per_device_from_inside_the_train_step(capfd: pytest.CaptureFixture[str]) -> None:
+    task = DistributedCartpoleTask(distributed_cartpole_config(num_devices=2, debug=True))
+    _, metrics = task.train_step(task.init_train_state())
+    jax.block_until_ready(metrics)
+    jax.effects_barrier()
+    out = capfd.readouterr().out
+    for device in (0, 1):
+        assert f"[device {device}] rollout: episodes_finished=" in out
+        assert f"[device {device}] update: loss=" in out and "local_grad_norm=" in out

@@ -1,7 +1,7 @@
 """The cart-pole learns: deterministic mean return past a threshold within a bounded number of steps.
 
-Seeded and bounded in train steps, not in time. The full return is 500 (10 s of +1 per step); a
-random policy gets about 30.
+Seeded and bounded in train steps, not in time. The full return is 500 (10 s of +1 per step); the
+initial policy gets about 30.
 """
 
 import dataclasses
@@ -12,8 +12,8 @@ from helpers import DistributedCartpoleConfig, DistributedCartpoleTask
 
 from examples.cartpole import DEFAULT_CONFIG, CartpoleTask
 
-NUM_STEPS = 60
-THRESHOLD = 400.0
+NUM_STEPS = 40
+THRESHOLD = 450.0
 
 
 def learned_return(task: CartpoleTask) -> float:
@@ -23,17 +23,12 @@ def learned_return(task: CartpoleTask) -> float:
 
 
 def test_cartpole_learns_on_one_device(tmp_path) -> None:
-    config = dataclasses.replace(DEFAULT_CONFIG, num_steps=NUM_STEPS, run_dir=str(tmp_path), log_every_n_steps=10)
+    config = dataclasses.replace(DEFAULT_CONFIG, num_steps=NUM_STEPS, run_dir=str(tmp_path))
     assert learned_return(CartpoleTask(config)) > THRESHOLD
 
 
-@pytest.mark.parametrize("num_devices", [2])
-def test_cartpole_learns_on_two_devices(tmp_path, num_devices: int) -> None:
-    config = DistributedCartpoleConfig(
-        **dataclasses.asdict(DEFAULT_CONFIG),
-        num_devices=num_devices,
-        num_steps=NUM_STEPS,
-        run_dir=str(tmp_path),
-    )
-    config.log_every_n_steps = 10
+@pytest.mark.parametrize("num_devices", [2, 4])
+def test_cartpole_learns_on_several_devices(tmp_path, num_devices: int) -> None:
+    settings = dataclasses.asdict(DEFAULT_CONFIG) | {"num_steps": NUM_STEPS, "run_dir": str(tmp_path)}
+    config = DistributedCartpoleConfig(**settings, num_devices=num_devices)
     assert learned_return(DistributedCartpoleTask(config)) > THRESHOLD

@@ -169,6 +169,7 @@ class Watchdog:
         self._pending: deque[tuple[Any, float]] = deque()
         self._lock = threading.Lock()
         self._done = threading.Event()
+        self._thread: threading.Thread | None = None
 
     def track(self, metrics: Any) -> None:
         if self.timeout_s > 0:
@@ -203,11 +204,16 @@ class Watchdog:
 
     def __enter__(self) -> Watchdog:
         if self.timeout_s > 0:
-            threading.Thread(target=self._watch, daemon=True, name="ksim-watchdog").start()
+            self._thread = threading.Thread(target=self._watch, daemon=True, name="ksim-watchdog")
+            self._thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._done.set()
+        # Joined, not left to die with the interpreter: a daemon thread caught inside a JAX call at
+        # shutdown aborts the process ("FATAL: exception not rethrown").
+        if self._thread is not None:
+            self._thread.join()
 
 
 class RLTask(ABC, Generic[ConfigT]):
@@ -529,37 +535,40 @@ class RLTask(ABC, Generic[ConfigT]):
 
         start_time = time.perf_counter()
         state = self.init_train_state(shared, rng)
-        last_log_time, last_log_env_steps, start_step = time.perf_counter(), env_steps, step
+        start_step, window = step, []  # window: metrics of the steps since the last log line, still on device
         with GracefulStop() as stop, Watchdog(config.watchdog_timeout_s, self.hang_diagnosis) as watchdog:
             try:
                 while step < config.num_steps and not stop.requested:
                     with jax.transfer_guard("disallow"):
                         state, metrics = self.train_step(state)
                     watchdog.track(metrics)
+                    window.append(metrics)
                     step += 1
                     env_steps += self.env_steps_per_train_step
                     state = self.after_train_step(state, step)
-                    if step == start_step + 1:  # the first step compiles: time it apart from throughput
+                    if step == start_step + 1:  # the first step compiles: keep it out of the throughput
                         jax.block_until_ready(metrics)
-                        last_log_time = time.perf_counter()
+                        first_step_done = last_log_time = time.perf_counter()
                         last_log_env_steps = env_steps
                         if run_dir:
-                            print(f"startup and first train step (compiles): {last_log_time - start_time:.1f} s")
+                            print(f"startup and first train step (compiles): {first_step_done - start_time:.1f} s")
                     if step % config.log_every_n_steps == 0 or step == config.num_steps:
-                        scalars = self.scalars(self.fetch_replicated(metrics))
+                        scalars = self.scalars(self.fetch_replicated(window))
+                        window = []
                         now = time.perf_counter()
                         if step > start_step + 1:
                             scalars |= self.log_fields((env_steps - last_log_env_steps) / (now - last_log_time))
                             last_log_time, last_log_env_steps = now, env_steps
-                        eta = (now - start_time) / (step - start_step) * (config.num_steps - step)
+                        seconds_per_step = (now - first_step_done) / max(step - start_step - 1, 1)
                         if run_dir:
-                            logger.log(step, config.num_steps, env_steps, scalars, eta)
+                            logger.log(
+                                step, config.num_steps, env_steps, scalars, seconds_per_step * (config.num_steps - step)
+                            )
                     if run_dir and config.save_every_n_steps and step % config.save_every_n_steps == 0:
                         self.save(run_dir, state, step, env_steps)
+                if run_dir and step > start_step:  # normal end, or stopped by SIGINT/SIGTERM
+                    print(f"saved checkpoint {self.save(run_dir, state, step, env_steps)}", flush=True)
             finally:
-                if run_dir and step > start_step:
-                    path = self.save(run_dir, state, step, env_steps)
-                    print(f"saved checkpoint {path}", flush=True)
                 logger.close()
         return state
 
@@ -570,12 +579,15 @@ class RLTask(ABC, Generic[ConfigT]):
         return path
 
     @staticmethod
-    def scalars(metrics: dict[str, Any]) -> dict[str, float]:
-        """Host metrics to plain floats; episode sums become means over the finished episodes."""
-        scalars = {key: float(value) for key, value in metrics.items()}
-        finished = scalars.pop("episodes_finished")
-        return_sum, length_sum = scalars.pop("episode_return_sum"), scalars.pop("episode_length_sum")
+    def scalars(window: list[dict[str, Any]]) -> dict[str, float]:
+        """Host metrics of the steps since the last log line: episode sums become means over the episodes
+        that finished in them; everything else is averaged over the steps."""
+        totals = {key: float(np.sum([np.asarray(metrics[key]) for metrics in window])) for key in window[0]}
+        finished = totals.pop("episodes_finished")
+        return_sum, length_sum = totals.pop("episode_return_sum"), totals.pop("episode_length_sum")
+        scalars = {key: value / len(window) for key, value in totals.items() if key != "terminations"}
         scalars["episodes_finished"] = finished
+        scalars["terminations"] = totals["terminations"]
         scalars["episode_return"] = return_sum / finished if finished else math.nan
         scalars["episode_length"] = length_sum / finished if finished else math.nan
         return scalars
