@@ -1,8 +1,8 @@
 """Humanoid walking on ksim's MJX humanoid (21 PD-controlled joints; only the feet touch the floor).
 
     python -m examples.walking                                          # GPU-sized defaults
-    python -m examples.walking num_envs=16 batch_size=8 rollout_length_frames=16 actor_hidden=[128,128] \
-        critic_hidden=[128,128]                                         # CPU-sized
+    python -m examples.walking num_envs=16 batch_size=8 rollout_length_frames=16 \
+        'actor_hidden=[128,128]' 'critic_hidden=[128,128]'              # CPU-sized
 """
 
 from collections.abc import Sequence

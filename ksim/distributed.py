@@ -153,34 +153,48 @@ class LeafDivergence:
         return f"{self.path}: device {self.device} differs from device 0 by up to {self.max_abs_diff:.3g}"
 
 
+def _first_device_copy(x: Array, axis_name: str) -> Array:
+    """Device 0's copy of `x` on every device (exact: the other devices contribute zeros)."""
+    is_first = jax.lax.axis_index(axis_name) == 0
+    return jax.lax.psum(jnp.where(is_first, x, jnp.zeros_like(x)), axis_name)
+
+
 def make_replica_check(axis_name: str, devices: Sequence[jax.Device]) -> Callable[[Any], tuple[Any, Any]]:
-    """A pmapped function: per leaf, each device's max |x - x_device0| and its count of NaN/Inf values."""
+    """A pmapped function: per leaf, every device's max |x - x_device0| and its count of NaN/Inf values.
+
+    Results are all-gathered, so each device (and each process) holds the `(num_devices,)` vectors.
+    """
 
     def check(tree: Any) -> tuple[Any, Any]:
-        is_first = jax.lax.axis_index(axis_name) == 0
-
         def diff(x: Array) -> Array:
-            if not jnp.issubdtype(x.dtype, jnp.inexact):
-                x = x.astype(jnp.float32)
-            reference = jax.lax.psum(jnp.where(is_first, x, jnp.zeros_like(x)), axis_name)
-            gap = jnp.abs(x - reference)
-            return jnp.max(jnp.where(jnp.isfinite(gap), gap, 0.0), initial=0.0)
+            x = x if jnp.issubdtype(x.dtype, jnp.inexact) else x.astype(jnp.float32)
+            gap = jnp.abs(x - _first_device_copy(x, axis_name))
+            return jax.lax.all_gather(jnp.max(jnp.where(jnp.isfinite(gap), gap, 0.0), initial=0.0), axis_name)
 
         def non_finite(x: Array) -> Array:
-            if not jnp.issubdtype(x.dtype, jnp.inexact):
-                return jnp.zeros((), jnp.int32)
-            return jnp.sum(~jnp.isfinite(x), dtype=jnp.int32)
+            count = jnp.sum(~jnp.isfinite(x), dtype=jnp.int32) if jnp.issubdtype(x.dtype, jnp.inexact) else 0
+            return jax.lax.all_gather(jnp.asarray(count, jnp.int32), axis_name)
 
         return jax.tree.map(diff, tree), jax.tree.map(non_finite, tree)
 
     return jax.pmap(check, axis_name=axis_name, devices=devices)
 
 
+def make_broadcast_from_first(axis_name: str, devices: Sequence[jax.Device]) -> Callable[[Any], Any]:
+    """A pmapped function replacing every replica of a tree by device 0's, on device (works across processes)."""
+    return jax.pmap(
+        lambda tree: jax.tree.map(lambda x: _first_device_copy(x, axis_name), tree),
+        axis_name=axis_name,
+        devices=devices,
+    )
+
+
 def find_divergences(diffs: Any, non_finite: Any, tolerance: float) -> list[LeafDivergence]:
-    """Host-side: leaves whose copies differ by more than `tolerance`, or hold NaN/Inf, per device."""
+    """Host-side, from `make_replica_check`'s per-device vectors: leaves whose copies differ by more than
+    `tolerance`, or hold NaN/Inf, with the device."""
     found = []
-    flat_diffs = jax.tree_util.tree_flatten_with_path(jax.device_get(diffs))[0]
-    flat_bad = jax.tree.leaves(jax.device_get(non_finite))
+    flat_diffs = jax.tree_util.tree_flatten_with_path(diffs)[0]
+    flat_bad = jax.tree.leaves(non_finite)
     for (path, per_device_diff), per_device_bad in zip(flat_diffs, flat_bad, strict=True):
         name = path_name(path)
         for device, (gap, bad) in enumerate(zip(np.asarray(per_device_diff), np.asarray(per_device_bad), strict=True)):

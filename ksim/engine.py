@@ -99,7 +99,8 @@ class PhysicsEngine:
         default_qpos = mj_model.key_qpos[0].copy() if mj_model.nkey > 0 else mj_model.qpos0.copy()
         return cls(
             mj_model=mj_model,
-            mjx_model=mjx.put_model(mj_model),
+            # On this process's first device: the global device 0 belongs to process 0 in multi-process runs.
+            mjx_model=mjx.put_model(mj_model, device=jax.local_devices()[0]),
             ctrl_dt=ctrl_dt,
             dt=dt,
             default_qpos=default_qpos,

@@ -23,6 +23,7 @@ from ksim.distributed import (
     find_divergences,
     get_device_info,
     lapack_parallel_batch_threshold,
+    make_broadcast_from_first,
     make_replica_check,
     put_sharded,
     replicate,
@@ -40,13 +41,16 @@ class DistributedRLConfig(RLConfig):
     grad_sync_period: int = xax.field(
         1, help="1: average gradients every minibatch. k>1: local SGD, average params every k train steps."
     )
-    num_devices: int | None = xax.field(None, help="Local devices to use (default: all of them).")
+    num_devices: int | None = xax.field(None, help="Devices to use in each process (default: all local ones).")
     consistency_check_every_n_steps: int = xax.field(
         100, help="Check that replicated state is identical on every device every N steps (0 disables)."
     )
     consistency_tolerance: float = xax.field(0.0, help="Largest allowed |replica - device 0| difference.")
     on_divergence: str = xax.field("raise", help="'raise' or 'resync' (copy device 0's state and warn).")
     debug: bool = xax.field(False, help="Print per-device loss, grad norm and episode stats (jax.debug.print).")
+    coordinator_address: str = xax.field("", help="Several machines: host:port of process 0 (empty: one process).")
+    num_processes: int = xax.field(1, help="Several machines: how many processes take part.")
+    process_id: int = xax.field(0, help="Several machines: this process's index, 0 .. num_processes - 1.")
 
 
 DistributedConfigT = TypeVar("DistributedConfigT", bound=DistributedRLConfig)
@@ -57,19 +61,36 @@ class ReplicaDivergenceError(RuntimeError):
 
 
 class DistributedRLTask(RLTask[DistributedConfigT]):
-    """Runs every per-shard program of RLTask on `num_devices` local devices with `jax.pmap`."""
+    """Runs every per-shard program of RLTask on all devices in use (of every process) with `jax.pmap`."""
 
     def __init__(self, config: DistributedConfigT) -> None:
+        self.join_processes(config)
         super().__init__(config)
-        self.devices = jax.local_devices()[: self.num_devices]
+        self.devices = self.devices_in_use()
         self._check_due = False
         if self.hang_hazard:
             raise ConfigError(self.hang_diagnosis())
 
+    @staticmethod
+    def join_processes(config: DistributedRLConfig) -> None:
+        """Connects to the other processes (before JAX's backends start) when `coordinator_address` is set."""
+        if not config.coordinator_address or jax.distributed.is_initialized():
+            return
+        if config.num_processes < 1 or not 0 <= config.process_id < config.num_processes:
+            rule = f"must be in 0 .. num_processes - 1 (num_processes={config.num_processes})"
+            raise ConfigError(f"process_id={config.process_id} {rule}")
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")  # CPU collectives across processes
+        jax.distributed.initialize(config.coordinator_address, config.num_processes, config.process_id)
+
     @property
-    def num_devices(self) -> int:
+    def num_local_devices(self) -> int:
         requested = self.config.num_devices
         return jax.local_device_count() if requested is None else requested
+
+    @property
+    def num_devices(self) -> int:
+        """Devices in use over all processes."""
+        return self.num_local_devices * jax.process_count()
 
     @property
     def envs_per_device(self) -> int:
@@ -79,14 +100,21 @@ class DistributedRLTask(RLTask[DistributedConfigT]):
     def axis_name(self) -> str:
         return self.config.pmap_axis_name
 
+    def devices_in_use(self) -> list[jax.Device]:
+        """The first `num_local_devices` devices of every process, in process order."""
+        by_process: dict[int, list[jax.Device]] = {}
+        for device in jax.devices():
+            by_process.setdefault(device.process_index, []).append(device)
+        return [device for process in sorted(by_process) for device in by_process[process][: self.num_local_devices]]
+
     def validate_config(self) -> None:
         super().validate_config()
         config = self.config
-        process_count, _, available = get_device_info()
-        if process_count > 1:
-            raise ConfigError(f"{process_count} processes: multi-process training is not supported yet")
-        if not 1 <= self.num_devices <= available:
-            raise ConfigError(f"num_devices={self.num_devices} must be between 1 and the {available} local devices")
+        _, _, available = get_device_info()
+        if not 1 <= self.num_local_devices <= available:
+            raise ConfigError(
+                f"num_devices={self.num_local_devices} must be between 1 and the {available} local devices"
+            )
         in_use = f"the {self.num_devices} devices in use"
         require_divisible("num_envs", config.num_envs, self.num_devices, in_use)
         require_divisible("batch_size", config.batch_size, self.num_devices, in_use)
@@ -102,16 +130,16 @@ class DistributedRLTask(RLTask[DistributedConfigT]):
         """Whether this run meets jax >= 0.10's CPU LAPACK deadlock (README, "Known issue")."""
         return (
             jax.default_backend() == "cpu"
-            and self.num_devices >= cpu_thread_pool_size()
+            and self.num_local_devices >= cpu_thread_pool_size()
             and self.envs_per_device > lapack_parallel_batch_threshold(self.engine.mj_model.nv)
         )
 
     def hang_diagnosis(self) -> str:
         return (
-            f"Known issue: with jax >= 0.10 on CPU, {self.num_devices} devices stepping MJX batches of more than "
+            f"Known issue: with jax >= 0.10 on CPU, {self.num_local_devices} devices stepping MJX batches of more than "
             f"{lapack_parallel_batch_threshold(self.engine.mj_model.nv)} envs per device deadlock when the CPU "
             f"thread pool ({cpu_thread_pool_size()} threads) is not larger than the device count. Import ksim "
-            f"before JAX starts (it sets PJRT_NPROC), or set PJRT_NPROC={self.num_devices + 1} yourself, or use "
+            f"before JAX starts (it sets PJRT_NPROC), or set PJRT_NPROC={self.num_local_devices + 1} yourself, or use "
             f"fewer envs per device, or one device: forced CPU devices share the same cores anyway."
         )
 
@@ -186,9 +214,15 @@ class DistributedRLTask(RLTask[DistributedConfigT]):
             state = self.check_replicas(state, step)
         return state
 
+    @functools.cached_property
+    def _broadcast_program(self) -> Callable[..., Any]:
+        return make_broadcast_from_first(self.axis_name, self.devices)
+
     def replica_divergences(self, state: TrainState) -> list[LeafDivergence]:
-        replicated = {"shared": state.shared, "rng": state.rng}
-        diffs, non_finite = self._replica_check_program(replicated)
+        """Leaves whose copies differ from device 0's (or hold NaN/Inf), over every device in use."""
+        diffs, non_finite = self._replica_check_program({"shared": state.shared, "rng": state.rng})
+        # All-gathered, so the first local replica holds every device's numbers.
+        diffs, non_finite = self.fetch_replicated((diffs, non_finite))
         return find_divergences(diffs, non_finite, self.config.consistency_tolerance)
 
     def check_replicas(self, state: TrainState, step: int) -> TrainState:
@@ -202,5 +236,5 @@ class DistributedRLTask(RLTask[DistributedConfigT]):
         if self.config.on_divergence == "raise":
             raise ReplicaDivergenceError(message)
         warnings.warn(f"{message}; resynchronising from device 0", stacklevel=2)
-        shared, rng = self.fetch_replicated((state.shared, state.rng))
-        return state.replace(shared=self.place_replicated(shared), rng=self.place_replicated(rng))
+        shared, rng = self._broadcast_program((state.shared, state.rng))
+        return state.replace(shared=shared, rng=rng)

@@ -1,0 +1,20 @@
+"""One process of a multi-process run (2 forced CPU devices each); started by test_multiprocess.py."""
+
+import os
+import sys
+
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+
+import ksim  # noqa: E402, F401  (sizes the CPU thread pool before JAX starts)
+from helpers import DistributedCartpoleTask, distributed_cartpole_config  # noqa: E402
+
+if __name__ == "__main__":
+    address, process_id, run_dir = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+    config = distributed_cartpole_config(
+        coordinator_address=address, num_processes=2, process_id=process_id, run_dir=run_dir, num_steps=3
+    )
+    task = DistributedCartpoleTask(config)
+    assert task.num_devices == 4 and task.envs_per_device == 2
+    state = task.run()
+    assert task.replica_divergences(state) == []
+    print(f"process {process_id} done", flush=True)
