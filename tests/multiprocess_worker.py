@@ -5,8 +5,9 @@ import sys
 
 os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
 
-import ksim  # noqa: E402, F401  (sizes the CPU thread pool before JAX starts)
-from helpers import DistributedCartpoleTask, distributed_cartpole_config  # noqa: E402
+from helpers import DistributedCartpoleTask, distributed_cartpole_config
+
+import ksim  # noqa: F401  (sizes the CPU thread pool before JAX starts)
 
 if __name__ == "__main__":
     address, process_id, run_dir = sys.argv[1], int(sys.argv[2]), sys.argv[3]
