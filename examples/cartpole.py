@@ -1,4 +1,4 @@
-"""Cart-pole balancing: the tiny task that learns on a laptop CPU in about a minute.
+"""Cart-pole balancing: the tiny task that learns on a laptop CPU in under a minute.
 
 A cart on an endless rail keeps a hinged pole upright; an episode fails when the pole tilts past
 0.3 rad and is cut at 10 s (return 500). The policy sees the pole angle and both velocities.
@@ -48,7 +48,7 @@ class CartpoleTask(PPOTask[CartpoleConfig]):
         return TorqueActuators.from_model(self.engine.mj_model)
 
 
-# Sized for a 2-core CPU: 64 envs x 64 control steps per train step (~0.1 s each after a ~30 s compile).
+# Sized for a 2-core CPU: 64 envs x 64 control steps per train step (~0.1 s each after a ~15 s compile).
 # Reaches the full return of 500 within 30-40 train steps (~150k env steps) for every seed tried.
 DEFAULT_CONFIG = CartpoleConfig(
     num_envs=64,
