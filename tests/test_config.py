@@ -1,5 +1,6 @@
 """Bad settings fail with one clear message naming the setting and the rule, before anything compiles."""
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -105,3 +106,11 @@ def test_command_line_error_exits_before_writing_anything(tmp_path: Path) -> Non
     assert result.returncode == 2
     assert result.stderr.strip().endswith("error: num_envs=6 is not divisible by batch_size=4")
     assert not run_dir.exists()
+
+
+def test_importing_xax_leaves_forced_device_count_intact() -> None:
+    script = "import os, xax, jax; print(os.environ['XLA_FLAGS'], jax.local_device_count())"
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=3"}
+    result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["--xla_force_host_platform_device_count=3", "3"]
