@@ -54,9 +54,9 @@ def load_checkpoint(path: str | Path, target: Any) -> Any:
     if not path.is_file():
         raise ConfigError(f"load_from_ckpt_path={str(path)!r} does not exist")
     state_dict = serialization.msgpack_restore(path.read_bytes())
-    expected = serialization.to_state_dict(jax.device_get(target))
-    problems = _shape_mismatches(expected, state_dict)
+    target = jax.device_get(target)
+    problems = _shape_mismatches(serialization.to_state_dict(target), state_dict)
     if problems:
         listed = "; ".join(problems[:5]) + ("; ..." if len(problems) > 5 else "")
         raise ConfigError(f"load_from_ckpt_path={str(path)!r} does not match the model: {listed}")
-    return serialization.from_state_dict(jax.device_get(target), state_dict)
+    return serialization.from_state_dict(target, state_dict)

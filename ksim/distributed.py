@@ -33,9 +33,14 @@ def requested_cpu_devices() -> int:
     return max(flag_count, int(os.environ.get("JAX_NUM_CPU_DEVICES", "1") or 1))
 
 
+def _configured_pool_size() -> str | None:
+    """The CPU thread-pool size set through the environment (PJRT_NPROC, else NPROC), if any."""
+    return os.environ.get("PJRT_NPROC") or os.environ.get("NPROC")
+
+
 def cpu_thread_pool_size() -> int:
     """Threads in XLA:CPU's intra-op pool: PJRT_NPROC or NPROC if set, else the usable CPUs."""
-    configured = os.environ.get("PJRT_NPROC") or os.environ.get("NPROC")
+    configured = _configured_pool_size()
     return int(configured) if configured else len(os.sched_getaffinity(0))
 
 
@@ -47,7 +52,7 @@ def avoid_cpu_lapack_deadlock() -> None:
     chunks and the process deadlocks. One thread more than there are devices is enough.
     """
     devices = requested_cpu_devices()
-    if devices > 1 and not (os.environ.get("PJRT_NPROC") or os.environ.get("NPROC")):
+    if devices > 1 and not _configured_pool_size():
         os.environ["PJRT_NPROC"] = str(max(len(os.sched_getaffinity(0)), devices + 1))
 
 

@@ -38,11 +38,7 @@ class ActorCritic(nn.Module):
         self.log_std = self.param("log_std", nn.initializers.constant(self.init_log_std), (self.action_dim,))
 
     def __call__(self, obs: Array) -> tuple[Array, Array, Array]:
-        return (
-            self.actor(obs),
-            jnp.broadcast_to(self.log_std, (*obs.shape[:-1], self.action_dim)),
-            self.value(obs),
-        )
+        return (*self.policy(obs), self.value(obs))
 
     def policy(self, obs: Array) -> tuple[Array, Array]:
         return self.actor(obs), jnp.broadcast_to(self.log_std, (*obs.shape[:-1], self.action_dim))
