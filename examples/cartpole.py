@@ -20,7 +20,6 @@ from ksim.engine import load_mujoco_model
 from ksim.resets import RandomJointPositions, RandomJointVelocities, Reset
 from ksim.task.ppo import PPOConfig, PPOTask
 
-CART, POLE = 0, 1  # joint indices
 
 
 @dataclass
@@ -33,16 +32,17 @@ class CartpoleTask(PPOTask[CartpoleConfig]):
         return load_mujoco_model("cartpole.xml")
 
     def get_observations(self) -> Sequence[obs.Observation]:
-        return [obs.JointPosition(indices=(POLE,)), obs.JointVelocity(scale=1.0)]
+        return [obs.JointPosition(joints=("hinge",)), obs.JointVelocity(scale=1.0, joints=("slider", "hinge"))]
 
     def get_rewards(self) -> Sequence[rew.Reward]:
         return [rew.StayAlive(scale=1.0)]
 
     def get_terminations(self) -> Sequence[term.Termination]:
-        return [term.JointOutOfRange(joint_index=POLE, limit=0.3)]
+        return [term.JointOutOfRange(joint="hinge", limit=0.3)]
 
     def get_resets(self) -> Sequence[Reset]:
-        return [RandomJointPositions(scale=0.05), RandomJointVelocities(scale=0.05)]
+        both = ("slider", "hinge")  # the cart is the base body: its slider is the root joint
+        return [RandomJointPositions(scale=0.05, joints=both), RandomJointVelocities(scale=0.05, joints=both)]
 
     def get_actuators(self) -> Actuators:
         return TorqueActuators.from_model(self.engine.mj_model)

@@ -46,7 +46,7 @@ class WalkingTask(PPOTask[WalkingConfig]):
             rew.Upright(scale=0.2),
             rew.ForwardVelocity(scale=1.0, target=self.config.target_velocity),
             rew.ActionRatePenalty(scale=-0.01),
-            rew.TorquePenalty(scale=-0.002),
+            rew.ControlCost(scale=-0.002),
         ]
 
     def get_terminations(self) -> Sequence[term.Termination]:

@@ -1,11 +1,19 @@
-"""MuJoCo MJX physics: model loading, resets and control steps made of physics substeps."""
+"""MuJoCo MJX physics: model loading, the model's layout (base body, root joints), control steps.
+
+The *base* is a body (by default the first body under the world). Its pose and velocity come from
+MJX's body quantities (`xpos`, `xquat`, `cvel`), so they are right for any root: a free joint, a
+planar root (slides and a hinge), or any other joints of the base body. The *root joints* are the
+joints of the base body; "joints" everywhere else (`joint_pos`, resets, joint observations) means the
+other ones unless a component names joints explicitly.
+"""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -14,8 +22,14 @@ import numpy as np
 from flax import struct
 from mujoco import mjx
 
+from ksim.config import ConfigError
+
 Array = jax.Array
 ASSETS_DIR = Path(__file__).parent / "assets"
+
+# Base-frame quantities per root kind: a fixed base never moves, so components that need a moving
+# base refuse a fixed-base model when the task is built.
+FREE, ARTICULATED, FIXED = "free", "articulated", "fixed"
 
 
 def load_mujoco_model(path: str | Path) -> mujoco.MjModel:
@@ -28,6 +42,13 @@ def load_mujoco_model(path: str | Path) -> mujoco.MjModel:
     return mujoco.MjModel.from_xml_path(str(candidate))
 
 
+def rotate(quat: Array, vec: Array) -> Array:
+    """Rotates a vector from the frame of a (w, x, y, z) unit quaternion into the world frame."""
+    w, xyz = quat[0], quat[1:]
+    t = 2.0 * jnp.cross(xyz, vec)
+    return vec + w * t + jnp.cross(xyz, t)
+
+
 def rotate_inverse(quat: Array, vec: Array) -> Array:
     """Rotates a world-frame vector into the frame of a (w, x, y, z) unit quaternion."""
     w, xyz = quat[0], quat[1:]
@@ -35,31 +56,150 @@ def rotate_inverse(quat: Array, vec: Array) -> Array:
     return vec - w * t + jnp.cross(xyz, t)
 
 
+def _names(mj_model: mujoco.MjModel, obj: mujoco.mjtObj, count: int) -> tuple[str, ...]:
+    return tuple(mujoco.mj_id2name(mj_model, obj, i) or "" for i in range(count))
+
+
+@dataclass(frozen=True)
+class ModelLayout:
+    """Static facts about a model that components index by (hashable: a static part of every pytree)."""
+
+    base_body: int
+    root_kind: str  # FREE, ARTICULATED or FIXED
+    body_names: tuple[str, ...]
+    joint_names: tuple[str, ...]
+    joint_qpos: tuple[tuple[int, ...], ...]  # per joint, its qpos indices
+    joint_qvel: tuple[tuple[int, ...], ...]
+    root_joints: tuple[int, ...]
+    body_rootid: tuple[int, ...]
+
+    @classmethod
+    def create(cls, mj_model: mujoco.MjModel, base_body: str | None = None) -> ModelLayout:
+        body_names = _names(mj_model, mujoco.mjtObj.mjOBJ_BODY, mj_model.nbody)
+        if base_body is None:
+            children = [b for b in range(1, mj_model.nbody) if mj_model.body_parentid[b] == 0]
+            if not children:
+                raise ConfigError("the model has no body under the world to use as its base")
+            base_id = children[0]
+        else:
+            base_id = body_index(body_names, base_body, "base_body")
+            if base_id == 0:
+                raise ConfigError(f"base_body={base_body!r} is the world; name a body: {_listed(body_names[1:])}")
+        qpos_sizes = {int(mujoco.mjtJoint.mjJNT_FREE): 7, int(mujoco.mjtJoint.mjJNT_BALL): 4}
+        qvel_sizes = {int(mujoco.mjtJoint.mjJNT_FREE): 6, int(mujoco.mjtJoint.mjJNT_BALL): 3}
+        joint_qpos, joint_qvel = [], []
+        for j in range(mj_model.njnt):
+            kind = int(mj_model.jnt_type[j])
+            start_qpos, start_qvel = int(mj_model.jnt_qposadr[j]), int(mj_model.jnt_dofadr[j])
+            joint_qpos.append(tuple(range(start_qpos, start_qpos + qpos_sizes.get(kind, 1))))
+            joint_qvel.append(tuple(range(start_qvel, start_qvel + qvel_sizes.get(kind, 1))))
+        root_joints = tuple(j for j in range(mj_model.njnt) if mj_model.jnt_bodyid[j] == base_id)
+        is_free = any(int(mj_model.jnt_type[j]) == int(mujoco.mjtJoint.mjJNT_FREE) for j in root_joints)
+        return cls(
+            base_body=base_id,
+            root_kind=FREE if is_free else (ARTICULATED if root_joints else FIXED),
+            body_names=body_names,
+            joint_names=_names(mj_model, mujoco.mjtObj.mjOBJ_JOINT, mj_model.njnt),
+            joint_qpos=tuple(joint_qpos),
+            joint_qvel=tuple(joint_qvel),
+            root_joints=root_joints,
+            body_rootid=tuple(int(r) for r in mj_model.body_rootid),
+        )
+
+    @property
+    def other_joints(self) -> tuple[int, ...]:
+        return tuple(j for j in range(len(self.joint_names)) if j not in self.root_joints)
+
+    def joints(self, names: Sequence[str] | None, setting: str = "joints") -> tuple[int, ...]:
+        """Joint ids by name (all non-root joints for None); unknown names raise naming `setting`."""
+        if names is None:
+            return self.other_joints
+        return tuple(joint_index(self.joint_names, name, setting) for name in names)
+
+    def qpos_indices(self, joints: Sequence[int]) -> np.ndarray:
+        return np.asarray([i for j in joints for i in self.joint_qpos[j]], dtype=np.int32)
+
+    def qvel_indices(self, joints: Sequence[int]) -> np.ndarray:
+        return np.asarray([i for j in joints for i in self.joint_qvel[j]], dtype=np.int32)
+
+    def require_moving_base(self, component: str) -> None:
+        """For components that read the base's motion: a fixed base has none."""
+        if self.root_kind == FIXED:
+            base = self.body_names[self.base_body]
+            raise ConfigError(
+                f"{component} needs a moving base, but the base body {base!r} has no joints (a fixed-base model)"
+            )
+
+
+def _listed(names: Sequence[str]) -> str:
+    return ", ".join(repr(n) for n in names if n) or "(none named)"
+
+
+def joint_index(joint_names: Sequence[str], name: str, setting: str) -> int:
+    if name not in joint_names:
+        raise ConfigError(f"{setting}: no joint named {name!r}; the model's joints are {_listed(joint_names)}")
+    return joint_names.index(name)
+
+
+def body_index(body_names: Sequence[str], name: str, setting: str) -> int:
+    if name not in body_names:
+        raise ConfigError(f"{setting}: no body named {name!r}; the model's bodies are {_listed(body_names[1:])}")
+    return body_names.index(name)
+
+
+def body_velocity(layout: ModelLayout, data: mjx.Data, body: int) -> tuple[Array, Array]:
+    """World-frame (angular, linear) velocity of a body's frame origin, from MJX's com-based `cvel`."""
+    angular, linear_at_com = data.cvel[body, :3], data.cvel[body, 3:]
+    offset = data.xpos[body] - data.subtree_com[layout.body_rootid[body]]
+    return angular, linear_at_com - jnp.cross(offset, angular)
+
+
 class StepContext(struct.PyTreeNode):
-    """What components see of one env after a control step (unbatched)."""
+    """What components see of one env at a control step (unbatched): the data before and after it."""
 
     data: mjx.Data
+    prev_data: mjx.Data
     action: Array
     last_action: Array
     ctrl: Array
-    free_joint: bool = struct.field(pytree_node=False, default=True)
+    command: Array
+    layout: ModelLayout = struct.field(pytree_node=False)
+    ctrl_dt: float = struct.field(pytree_node=False)
+
+    # ----- joints (non-root unless named) --------------------------------------------------------------
 
     @property
     def joint_pos(self) -> Array:
-        """Positions of the non-root joints."""
-        return self.data.qpos[7:] if self.free_joint else self.data.qpos
+        """Positions of the joints that are not the base body's (root) joints."""
+        return self.data.qpos[self.layout.qpos_indices(self.layout.other_joints)]
 
     @property
     def joint_vel(self) -> Array:
-        return self.data.qvel[6:] if self.free_joint else self.data.qvel
+        """Velocities of the non-root joints."""
+        return self.data.qvel[self.layout.qvel_indices(self.layout.other_joints)]
+
+    def joint_pos_of(self, joints: Sequence[int]) -> Array:
+        return self.data.qpos[self.layout.qpos_indices(joints)]
+
+    def joint_vel_of(self, joints: Sequence[int]) -> Array:
+        return self.data.qvel[self.layout.qvel_indices(joints)]
+
+    # ----- the base body, for any kind of root ---------------------------------------------------------
 
     @property
     def base_pos(self) -> Array:
-        return self.data.qpos[:3] if self.free_joint else jnp.zeros(3)
+        """World position of the base body's frame."""
+        return self.data.xpos[self.layout.base_body]
+
+    @property
+    def prev_base_pos(self) -> Array:
+        """World position of the base before the control step."""
+        return self.prev_data.xpos[self.layout.base_body]
 
     @property
     def base_quat(self) -> Array:
-        return self.data.qpos[3:7] if self.free_joint else jnp.array([1.0, 0.0, 0.0, 0.0])
+        """World orientation (w, x, y, z) of the base body."""
+        return self.data.xquat[self.layout.base_body]
 
     @property
     def projected_gravity(self) -> Array:
@@ -67,18 +207,36 @@ class StepContext(struct.PyTreeNode):
         return rotate_inverse(self.base_quat, jnp.array([0.0, 0.0, -1.0]))
 
     @property
-    def base_lin_vel(self) -> Array:
-        """Base linear velocity in the base frame (a free joint's qvel[:3] is in the world frame)."""
-        return rotate_inverse(self.base_quat, self.data.qvel[:3]) if self.free_joint else jnp.zeros(3)
+    def base_lin_vel_world(self) -> Array:
+        return body_velocity(self.layout, self.data, self.layout.base_body)[1]
 
     @property
-    def base_lin_vel_world(self) -> Array:
-        return self.data.qvel[:3] if self.free_joint else jnp.zeros(3)
+    def base_ang_vel_world(self) -> Array:
+        return body_velocity(self.layout, self.data, self.layout.base_body)[0]
+
+    @property
+    def base_lin_vel(self) -> Array:
+        """Base linear velocity in the base frame."""
+        return rotate_inverse(self.base_quat, self.base_lin_vel_world)
 
     @property
     def base_ang_vel(self) -> Array:
-        """Base angular velocity in the base frame (how MuJoCo stores it for free joints)."""
-        return self.data.qvel[3:6] if self.free_joint else jnp.zeros(3)
+        """Base angular velocity in the base frame."""
+        return rotate_inverse(self.base_quat, self.base_ang_vel_world)
+
+    @property
+    def base_pitch(self) -> Array:
+        """Rotation about the world y axis of the base's x axis (positive: nose down), radians."""
+        forward = rotate(self.base_quat, jnp.array([1.0, 0.0, 0.0]))
+        return jnp.arctan2(-forward[2], forward[0])
+
+    # ----- any body -------------------------------------------------------------------------------------
+
+    def body_pos(self, body: int) -> Array:
+        return self.data.xpos[body]
+
+    def body_lin_vel_world(self, body: int) -> Array:
+        return body_velocity(self.layout, self.data, body)[1]
 
 
 @dataclass(frozen=True)
@@ -90,12 +248,11 @@ class PhysicsEngine:
     ctrl_dt: float
     dt: float
     default_qpos: np.ndarray
-    free_joint: bool
+    layout: ModelLayout
 
     @classmethod
-    def create(cls, mj_model: mujoco.MjModel, ctrl_dt: float, dt: float) -> PhysicsEngine:
+    def create(cls, mj_model: mujoco.MjModel, ctrl_dt: float, dt: float, base_body: str | None = None) -> PhysicsEngine:
         mj_model.opt.timestep = dt
-        free_joint = mj_model.njnt > 0 and int(mj_model.jnt_type[0]) == int(mujoco.mjtJoint.mjJNT_FREE)
         default_qpos = mj_model.key_qpos[0].copy() if mj_model.nkey > 0 else mj_model.qpos0.copy()
         return cls(
             mj_model=mj_model,
@@ -104,7 +261,7 @@ class PhysicsEngine:
             ctrl_dt=ctrl_dt,
             dt=dt,
             default_qpos=default_qpos,
-            free_joint=free_joint,
+            layout=ModelLayout.create(mj_model, base_body),
         )
 
     @property
@@ -115,26 +272,56 @@ class PhysicsEngine:
     def action_dim(self) -> int:
         return int(self.mj_model.nu)
 
-    def make_data(self, qpos: Array, qvel: Array) -> mjx.Data:
-        """Physics state at a given pose, with derived quantities (positions, contacts) computed."""
-        data = mjx.make_data(self.mjx_model).replace(qpos=qpos, qvel=qvel)
-        return mjx.forward(self.mjx_model, data)
+    def model(self, fields: dict[str, Array] | None = None) -> mjx.Model:
+        """The MJX model with some fields replaced (one env's randomized values)."""
+        return self.mjx_model.replace(**fields) if fields else self.mjx_model
 
-    def step(self, data: mjx.Data, control: Callable[[mjx.Data], Array]) -> tuple[mjx.Data, Array]:
-        """One control step; `control` is re-evaluated at every substep (a PD loop needs fresh state)."""
+    def make_data(self, qpos: Array, qvel: Array, fields: dict[str, Array] | None = None) -> mjx.Data:
+        """Physics state at a given pose, with derived quantities (positions, contacts) computed."""
+        model = self.model(fields)
+        data = mjx.make_data(model).replace(qpos=qpos, qvel=qvel)
+        return mjx.forward(model, data)
+
+    def step(
+        self, data: mjx.Data, control: Callable[[mjx.Data], Array], fields: dict[str, Array] | None = None
+    ) -> tuple[mjx.Data, Array]:
+        """One control step; `control` is re-evaluated at every substep (a PD loop needs fresh state).
+
+        `mjx.step` leaves positions and velocities of bodies at the last substep's start; the position
+        and velocity kinematics are brought up to the final state so components read the state they act on.
+        """
+        model = self.model(fields)
 
         def substep(data: mjx.Data, _: None) -> tuple[mjx.Data, Array]:
             ctrl = control(data)
-            return mjx.step(self.mjx_model, data.replace(ctrl=ctrl)), ctrl
+            return mjx.step(model, data.replace(ctrl=ctrl)), ctrl
 
         data, ctrls = jax.lax.scan(substep, data, None, length=self.num_substeps)
+        data = mjx.com_vel(model, mjx.com_pos(model, mjx.kinematics(model, data)))
         return data, ctrls[-1]
 
-    def context(self, data: mjx.Data, action: Array, last_action: Array, ctrl: Array) -> StepContext:
-        return StepContext(data, action, last_action, ctrl, free_joint=self.free_joint)
+    def context(
+        self,
+        data: mjx.Data,
+        prev_data: mjx.Data,
+        action: Array,
+        last_action: Array,
+        ctrl: Array,
+        command: Array | None = None,
+    ) -> StepContext:
+        command = jnp.zeros(0) if command is None else command
+        return StepContext(data, prev_data, action, last_action, ctrl, command, self.layout, self.ctrl_dt)
 
 
 def substeps_divide(ctrl_dt: float, dt: float) -> bool:
     """Whether `ctrl_dt` is a whole multiple of `dt` (within float tolerance)."""
     ratio = ctrl_dt / dt
     return ratio >= 1 and math.isclose(ratio, round(ratio), rel_tol=0, abs_tol=1e-6)
+
+
+def check_components(layout: ModelLayout, components: Sequence[Any]) -> None:
+    """Lets each component refuse a model it cannot apply to (before anything compiles)."""
+    for component in components:
+        check = getattr(component, "check", None)
+        if check is not None:
+            check(layout)

@@ -1,4 +1,8 @@
-"""Observations: each a small class with one method from a `StepContext` to a vector."""
+"""Observations: each a small class with one method from a `StepContext` to a vector.
+
+Joints are the non-root joints unless named (`joints=("knee", ...)`, root joints may be named too);
+bodies are named. `check(layout)` refuses names the model lacks when the task is built.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +12,7 @@ from dataclasses import dataclass
 import jax
 import jax.numpy as jnp
 
-from ksim.engine import StepContext
+from ksim.engine import ModelLayout, StepContext, body_index
 
 Array = jax.Array
 
@@ -20,39 +24,55 @@ class Observation(ABC):
     def name(self) -> str:
         return type(self).__name__
 
+    def check(self, layout: ModelLayout) -> None:
+        """Raises ConfigError if this observation cannot apply to the model."""
+
     @abstractmethod
     def observe(self, ctx: StepContext) -> Array: ...
 
 
-def _select(values: Array, indices: tuple[int, ...] | None) -> Array:
-    return values if indices is None else values[jnp.asarray(indices)]
+def _clip(values: Array, clip: float | None) -> Array:
+    return values if clip is None else jnp.clip(values, -clip, clip)
 
 
 @dataclass(frozen=True)
 class JointPosition(Observation):
-    """Non-root joint positions (all, or those at `indices`), relative to `offset` (e.g. the default pose)."""
+    """Joint positions (non-root joints, or the named ones), relative to `offset` (e.g. the default pose)."""
 
     offset: tuple[float, ...] | None = None
-    indices: tuple[int, ...] | None = None
+    joints: tuple[str, ...] | None = None
+
+    def check(self, layout: ModelLayout) -> None:
+        layout.joints(self.joints, f"{self.name}.joints")
 
     def observe(self, ctx: StepContext) -> Array:
-        position = _select(ctx.joint_pos, self.indices)
+        position = ctx.joint_pos_of(ctx.layout.joints(self.joints))
         return position if self.offset is None else position - jnp.asarray(self.offset)
 
 
 @dataclass(frozen=True)
 class JointVelocity(Observation):
-    """Non-root joint velocities (all, or those at `indices`), times `scale`."""
+    """Joint velocities (non-root joints, or the named ones), times `scale`, optionally clipped to ±`clip`."""
 
     scale: float = 0.1
-    indices: tuple[int, ...] | None = None
+    joints: tuple[str, ...] | None = None
+    clip: float | None = None
+
+    def check(self, layout: ModelLayout) -> None:
+        layout.joints(self.joints, f"{self.name}.joints")
 
     def observe(self, ctx: StepContext) -> Array:
-        return _select(ctx.joint_vel, self.indices) * self.scale
+        return _clip(ctx.joint_vel_of(ctx.layout.joints(self.joints)) * self.scale, self.clip)
 
 
 @dataclass(frozen=True)
-class ProjectedGravity(Observation):
+class _BaseObservation(Observation):
+    def check(self, layout: ModelLayout) -> None:
+        layout.require_moving_base(self.name)
+
+
+@dataclass(frozen=True)
+class ProjectedGravity(_BaseObservation):
     """Gravity direction in the base frame: base orientation without yaw."""
 
     def observe(self, ctx: StepContext) -> Array:
@@ -60,35 +80,69 @@ class ProjectedGravity(Observation):
 
 
 @dataclass(frozen=True)
-class BaseOrientation(Observation):
-    """Base quaternion (w, x, y, z)."""
+class BaseOrientation(_BaseObservation):
+    """Base quaternion (w, x, y, z) in the world frame."""
 
     def observe(self, ctx: StepContext) -> Array:
         return ctx.base_quat
 
 
 @dataclass(frozen=True)
-class BaseHeight(Observation):
+class BaseHeight(_BaseObservation):
     def observe(self, ctx: StepContext) -> Array:
         return ctx.base_pos[2:3]
 
 
 @dataclass(frozen=True)
-class BaseLinearVelocity(Observation):
-    """Base linear velocity in the base frame."""
+class BaseLinearVelocity(_BaseObservation):
+    """Base linear velocity in the base frame (world frame with `world=True`), optionally clipped."""
+
+    scale: float = 1.0
+    world: bool = False
+    clip: float | None = None
 
     def observe(self, ctx: StepContext) -> Array:
-        return ctx.base_lin_vel
+        velocity = ctx.base_lin_vel_world if self.world else ctx.base_lin_vel
+        return _clip(velocity * self.scale, self.clip)
 
 
 @dataclass(frozen=True)
-class BaseAngularVelocity(Observation):
-    """Base angular velocity in the base frame."""
+class BaseAngularVelocity(_BaseObservation):
+    """Base angular velocity in the base frame, times `scale`, optionally clipped."""
 
     scale: float = 0.25
+    clip: float | None = None
 
     def observe(self, ctx: StepContext) -> Array:
-        return ctx.base_ang_vel * self.scale
+        return _clip(ctx.base_ang_vel * self.scale, self.clip)
+
+
+@dataclass(frozen=True)
+class BodyPosition(Observation):
+    """A named body's world position relative to the base's (3 values)."""
+
+    body: str
+
+    def check(self, layout: ModelLayout) -> None:
+        body_index(layout.body_names, self.body, f"{self.name}.body")
+
+    def observe(self, ctx: StepContext) -> Array:
+        return ctx.body_pos(ctx.layout.body_names.index(self.body)) - ctx.base_pos
+
+
+@dataclass(frozen=True)
+class BodyLinearVelocity(Observation):
+    """A named body's world-frame linear velocity, times `scale`, optionally clipped."""
+
+    body: str
+    scale: float = 1.0
+    clip: float | None = None
+
+    def check(self, layout: ModelLayout) -> None:
+        body_index(layout.body_names, self.body, f"{self.name}.body")
+
+    def observe(self, ctx: StepContext) -> Array:
+        return _clip(ctx.body_lin_vel_world(ctx.layout.body_names.index(self.body)) * self.scale, self.clip)
 
 
 @dataclass(frozen=True)

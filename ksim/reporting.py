@@ -1,12 +1,14 @@
-"""Training output: one line per log step on stdout and the same scalars to TensorBoard."""
+"""Training output: one line per log step on stdout, the same scalars to TensorBoard and to
+`scalars.jsonl` (one JSON object per log step, read back by `python -m ksim.plot`)."""
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
+from typing import Any
 
 STDOUT_KEYS = (
-    "episode_return",
     "episode_length",
     "policy_loss",
     "value_loss",
@@ -14,6 +16,7 @@ STDOUT_KEYS = (
     "approx_kl",
     "clip_fraction",
 )
+SCALARS_FILE = "scalars.jsonl"
 
 
 def format_duration(seconds: float) -> str:
@@ -24,34 +27,58 @@ def format_duration(seconds: float) -> str:
     return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s"
 
 
+def _format(key: str, value: Any) -> str:
+    return f"{key} {value:.4g}" if isinstance(value, float) else f"{key} {value}"
+
+
 def format_line(step: int, num_steps: int, env_steps: int, scalars: dict[str, float], eta_s: float) -> str:
-    """`step 10/100 (10%, eta 1m20s) env_steps 40960 | env_steps_per_s 2.1e+04 | ...`."""
+    """`step 10/100 (10%, eta 1m20s) env_steps 40960 | env_steps_per_s 2.1e+04 | episode_return 31.2 (37 ended) ...`.
+
+    The return is the mean over the episodes that ended since the last line (short ones dominate early).
+    """
     head = f"step {step}/{num_steps} ({100 * step // max(num_steps, 1)}%, eta {format_duration(eta_s)})"
     parts = [head, f"env_steps {env_steps}"]
-    for key in ("env_steps_per_s", "env_steps_per_s_per_device", "num_devices", *STDOUT_KEYS):
-        if key in scalars:
-            value = scalars[key]
-            parts.append(f"{key} {value:.4g}" if isinstance(value, float) else f"{key} {value}")
+    parts += [
+        _format(key, scalars[key])
+        for key in ("env_steps_per_s", "env_steps_per_s_per_device", "num_devices")
+        if key in scalars
+    ]
+    if "episode_return" in scalars:
+        ended = int(scalars.get("episodes_finished", 0))
+        parts.append(f"episode_return {scalars['episode_return']:.4g} ({ended} ended)")
+    parts += [_format(key, scalars[key]) for key in STDOUT_KEYS if key in scalars]
     return " | ".join(parts)
 
 
 class MetricsLogger:
-    """Prints log lines and writes TensorBoard scalars (only ever created on process 0)."""
+    """Prints log lines and writes TensorBoard scalars and `scalars.jsonl` (only ever created on process 0)."""
 
-    def __init__(self, log_dir: Path | None) -> None:
+    def __init__(self, log_dir: Path | None, scalars_path: Path | None = None) -> None:
         self._writer = None
+        self._scalars_path = scalars_path
         if log_dir is not None:
             from tensorboardX import SummaryWriter
 
             self._writer = SummaryWriter(str(log_dir))
 
+    def _record(self, step: int, env_steps: int, scalars: dict[str, float]) -> None:
+        finite = {key: value for key, value in scalars.items() if math.isfinite(value)}
+        if self._writer is not None:
+            for key, value in finite.items():
+                self._writer.add_scalar(key, value, env_steps)
+            self._writer.flush()
+        if self._scalars_path is not None:
+            with self._scalars_path.open("a") as file:
+                file.write(json.dumps({"step": step, "env_steps": env_steps, **finite}) + "\n")
+
     def log(self, step: int, num_steps: int, env_steps: int, scalars: dict[str, float], eta_s: float) -> None:
         print(format_line(step, num_steps, env_steps, scalars, eta_s), flush=True)
-        if self._writer is not None:
-            for key, value in scalars.items():
-                if math.isfinite(value):
-                    self._writer.add_scalar(key, value, env_steps)
-            self._writer.flush()
+        self._record(step, env_steps, scalars)
+
+    def log_eval(self, step: int, env_steps: int, scalars: dict[str, float]) -> None:
+        """`eval step 20 | eval/return 412.5 | eval/length 500`."""
+        print(" | ".join([f"eval step {step}", *(_format(k, v) for k, v in scalars.items())]), flush=True)
+        self._record(step, env_steps, scalars)
 
     def close(self) -> None:
         if self._writer is not None:

@@ -1,4 +1,7 @@
-"""Resets: each a small class perturbing the initial (non-root) joint state of a new episode."""
+"""Resets: each a small class perturbing the initial joint state of a new episode.
+
+A reset acts on the non-root joints, or on the joints it names (root joints may be named too).
+"""
 
 from __future__ import annotations
 
@@ -7,32 +10,45 @@ from dataclasses import dataclass
 
 import jax
 
+from ksim.engine import ModelLayout
+
 Array = jax.Array
 
 
 class Reset(ABC):
+    def check(self, layout: ModelLayout) -> None:
+        """Raises ConfigError if this reset cannot apply to the model."""
+
     @abstractmethod
-    def apply(self, joint_pos: Array, joint_vel: Array, rng: Array) -> tuple[Array, Array]:
-        """Returns new (joint_pos, joint_vel) for the non-root joints."""
+    def apply(self, qpos: Array, qvel: Array, layout: ModelLayout, rng: Array) -> tuple[Array, Array]:
+        """Returns the new episode's (qpos, qvel), whole-model vectors."""
 
 
 @dataclass(frozen=True)
-class RandomJointPositions(Reset):
-    """Adds uniform noise in [-scale, scale] to every non-root joint position."""
-
+class _JointNoise(Reset):
     scale: float
+    joints: tuple[str, ...] | None = None
 
-    def apply(self, joint_pos: Array, joint_vel: Array, rng: Array) -> tuple[Array, Array]:
-        noise = jax.random.uniform(rng, joint_pos.shape, minval=-self.scale, maxval=self.scale)
-        return joint_pos + noise, joint_vel
+    def check(self, layout: ModelLayout) -> None:
+        layout.joints(self.joints, f"{type(self).__name__}.joints")
+
+    def noise(self, rng: Array, size: int) -> Array:
+        return jax.random.uniform(rng, (size,), minval=-self.scale, maxval=self.scale)
 
 
 @dataclass(frozen=True)
-class RandomJointVelocities(Reset):
-    """Adds uniform noise in [-scale, scale] to every non-root joint velocity."""
+class RandomJointPositions(_JointNoise):
+    """Adds uniform noise in [-scale, scale] to the joints' positions (non-root joints unless named)."""
 
-    scale: float
+    def apply(self, qpos: Array, qvel: Array, layout: ModelLayout, rng: Array) -> tuple[Array, Array]:
+        index = layout.qpos_indices(layout.joints(self.joints))
+        return qpos.at[index].add(self.noise(rng, len(index))), qvel
 
-    def apply(self, joint_pos: Array, joint_vel: Array, rng: Array) -> tuple[Array, Array]:
-        noise = jax.random.uniform(rng, joint_vel.shape, minval=-self.scale, maxval=self.scale)
-        return joint_pos, joint_vel + noise
+
+@dataclass(frozen=True)
+class RandomJointVelocities(_JointNoise):
+    """Adds uniform noise in [-scale, scale] to the joints' velocities (non-root joints unless named)."""
+
+    def apply(self, qpos: Array, qvel: Array, layout: ModelLayout, rng: Array) -> tuple[Array, Array]:
+        index = layout.qvel_indices(layout.joints(self.joints))
+        return qpos, qvel.at[index].add(self.noise(rng, len(index)))

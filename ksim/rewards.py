@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import jax
 import jax.numpy as jnp
 
-from ksim.engine import StepContext
+from ksim.engine import ModelLayout, StepContext
 
 Array = jax.Array
 
@@ -24,12 +24,21 @@ class Reward(ABC):
     def name(self) -> str:
         return type(self).__name__
 
+    def check(self, layout: ModelLayout) -> None:
+        """Raises ConfigError if this reward cannot apply to the model."""
+
     @abstractmethod
     def value(self, ctx: StepContext) -> Array:
         """Unscaled per-step value (a scalar)."""
 
     def __call__(self, ctx: StepContext) -> Array:
         return self.scale * self.value(ctx)
+
+
+@dataclass(frozen=True)
+class _BaseReward(Reward):
+    def check(self, layout: ModelLayout) -> None:
+        layout.require_moving_base(self.name)
 
 
 @dataclass(frozen=True)
@@ -41,7 +50,7 @@ class StayAlive(Reward):
 
 
 @dataclass(frozen=True)
-class Upright(Reward):
+class Upright(_BaseReward):
     """1 when the base is upright, falling to -1 upside down."""
 
     def value(self, ctx: StepContext) -> Array:
@@ -49,8 +58,8 @@ class Upright(Reward):
 
 
 @dataclass(frozen=True)
-class ForwardVelocity(Reward):
-    """Tracks a target world-frame x velocity: exp(-(v - target)^2 / sigma^2)."""
+class ForwardVelocity(_BaseReward):
+    """Tracks a target world-frame x velocity of the base: exp(-(v - target)^2 / sigma^2)."""
 
     target: float = 1.0
     sigma: float = 0.5
@@ -58,6 +67,17 @@ class ForwardVelocity(Reward):
     def value(self, ctx: StepContext) -> Array:
         error = ctx.base_lin_vel_world[0] - self.target
         return jnp.exp(-jnp.square(error / self.sigma))
+
+
+@dataclass(frozen=True)
+class ForwardProgress(_BaseReward):
+    """Linear progress of the base over the control step along `direction` (world frame), in m/s."""
+
+    direction: tuple[float, float, float] = (1.0, 0.0, 0.0)
+
+    def value(self, ctx: StepContext) -> Array:
+        displacement = ctx.base_pos - ctx.prev_base_pos
+        return jnp.dot(displacement, jnp.asarray(self.direction)) / ctx.ctrl_dt
 
 
 @dataclass(frozen=True)
@@ -69,8 +89,8 @@ class ActionRatePenalty(Reward):
 
 
 @dataclass(frozen=True)
-class TorquePenalty(Reward):
-    """Squared (normalised) motor control."""
+class ControlCost(Reward):
+    """Squared applied control (`data.ctrl`, after actuator scaling and clipping), summed over actuators."""
 
     def value(self, ctx: StepContext) -> Array:
         return jnp.sum(jnp.square(ctx.ctrl))
@@ -78,9 +98,12 @@ class TorquePenalty(Reward):
 
 @dataclass(frozen=True)
 class JointPositionPenalty(Reward):
-    """Squared position of one non-root joint (e.g. keep a cart centred)."""
+    """Squared position of one named joint (e.g. keep a cart centred)."""
 
-    joint_index: int = 0
+    joint: str = ""
+
+    def check(self, layout: ModelLayout) -> None:
+        layout.joints((self.joint,), f"{self.name}.joint")
 
     def value(self, ctx: StepContext) -> Array:
-        return jnp.square(ctx.joint_pos[self.joint_index])
+        return jnp.sum(jnp.square(ctx.joint_pos_of(ctx.layout.joints((self.joint,)))))

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 import jax
 import jax.numpy as jnp
 
-from ksim.engine import StepContext
+from ksim.config import ConfigError
+from ksim.engine import ModelLayout, StepContext
 
 Array = jax.Array
 
@@ -18,13 +20,22 @@ class Termination(ABC):
     def name(self) -> str:
         return type(self).__name__
 
+    def check(self, layout: ModelLayout) -> None:
+        """Raises ConfigError if this termination cannot apply to the model."""
+
     @abstractmethod
     def terminated(self, ctx: StepContext) -> Array:
         """A boolean scalar."""
 
 
 @dataclass(frozen=True)
-class BaseTooLow(Termination):
+class _BaseTermination(Termination):
+    def check(self, layout: ModelLayout) -> None:
+        layout.require_moving_base(self.name)
+
+
+@dataclass(frozen=True)
+class BaseTooLow(_BaseTermination):
     min_height: float
 
     def terminated(self, ctx: StepContext) -> Array:
@@ -32,7 +43,7 @@ class BaseTooLow(Termination):
 
 
 @dataclass(frozen=True)
-class BaseTilted(Termination):
+class BaseTilted(_BaseTermination):
     """The base has tilted more than `max_angle` radians from upright."""
 
     max_angle: float
@@ -42,14 +53,38 @@ class BaseTilted(Termination):
 
 
 @dataclass(frozen=True)
-class JointOutOfRange(Termination):
-    """A non-root joint's |position| exceeds `limit`."""
+class HealthyRange(_BaseTermination):
+    """The base leaves a healthy range: height outside [min_height, max_height] or |pitch| > max_pitch (rad)."""
 
-    joint_index: int
-    limit: float
+    min_height: float = -math.inf
+    max_height: float = math.inf
+    max_pitch: float = math.inf
+
+    def check(self, layout: ModelLayout) -> None:
+        super().check(layout)
+        if self.min_height >= self.max_height:
+            raise ConfigError(f"{self.name}: min_height={self.min_height} must be below max_height={self.max_height}")
+        if self.max_pitch <= 0:
+            raise ConfigError(f"{self.name}: max_pitch={self.max_pitch} must be positive")
 
     def terminated(self, ctx: StepContext) -> Array:
-        return jnp.abs(ctx.joint_pos[self.joint_index]) > self.limit
+        height = ctx.base_pos[2]
+        outside = (height < self.min_height) | (height > self.max_height)
+        return outside | (jnp.abs(ctx.base_pitch) > self.max_pitch)
+
+
+@dataclass(frozen=True)
+class JointOutOfRange(Termination):
+    """A named joint's |position| exceeds `limit`."""
+
+    joint: str
+    limit: float
+
+    def check(self, layout: ModelLayout) -> None:
+        layout.joints((self.joint,), f"{self.name}.joint")
+
+    def terminated(self, ctx: StepContext) -> Array:
+        return jnp.any(jnp.abs(ctx.joint_pos_of(ctx.layout.joints((self.joint,)))) > self.limit)
 
 
 def physics_diverged(ctx: StepContext) -> Array:

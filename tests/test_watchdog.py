@@ -5,7 +5,7 @@ import sys
 import textwrap
 import time
 
-from ksim.task.rl import Watchdog
+from ksim.task.loop import Watchdog
 
 
 class FakeStep:
@@ -35,7 +35,7 @@ def test_a_stuck_step_aborts_with_the_diagnosis() -> None:
     script = textwrap.dedent(
         """
         import time
-        from ksim.task.rl import Watchdog
+        from ksim.task.loop import Watchdog
 
         class Stuck:
             def is_ready(self):

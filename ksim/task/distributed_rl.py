@@ -30,7 +30,8 @@ from ksim.distributed import (
     split_keys_per_device,
     unreplicate,
 )
-from ksim.task.rl import RLConfig, RLTask, TrainState
+from ksim.task.loop import report_compile
+from ksim.task.rl import Program, RLConfig, RLTask, TrainState
 
 Array = jax.Array
 
@@ -145,7 +146,7 @@ class DistributedRLTask(RLTask[DistributedConfigT]):
 
     # ----- the RLTask hooks, as collectives and device placement ------------------------------------------------
 
-    def compile(self, fn: Callable[..., Any], donate_argnums: tuple[int, ...] = ()) -> Callable[..., Any]:
+    def compile(self, fn: Callable[..., Any], donate_argnums: tuple[int, ...] = ()) -> Program:
         on_cpu = jax.default_backend() == "cpu"
         return jax.pmap(
             fn,
@@ -187,7 +188,7 @@ class DistributedRLTask(RLTask[DistributedConfigT]):
     # ----- local SGD and the replicated-state check ----------------------------------------------------------
 
     @functools.cached_property
-    def _average_shared_program(self) -> Callable[..., Any]:
+    def _average_shared_program(self) -> Program:
         def average(state: TrainState) -> TrainState:
             mean = jax.tree.map(
                 lambda x: jax.lax.pmean(x, self.axis_name) if np.issubdtype(x.dtype, np.floating) else x,
@@ -198,15 +199,26 @@ class DistributedRLTask(RLTask[DistributedConfigT]):
         return self.compile(average, donate_argnums=(0,))
 
     @functools.cached_property
-    def _replica_check_program(self) -> Callable[..., Any]:
+    def _replica_check_program(self) -> Program:
         return make_replica_check(self.axis_name, self.devices)
+
+    def precompile(self, state: TrainState, verbose: bool = True) -> None:
+        """Also the replica check and the local-SGD average, so nothing compiles mid-training."""
+        super().precompile(state, verbose)
+        if self.config.consistency_check_every_n_steps:
+            with report_compile("replica check", verbose):
+                tree = {"shared": state.shared, "rng": state.rng}
+                self._compiled["replica_check"] = self._replica_check_program.lower(tree).compile()
+        if self.config.grad_sync_period > 1:
+            with report_compile("local-SGD average", verbose):
+                self._compiled["average"] = self._average_shared_program.lower(state).compile()
 
     def is_sync_point(self, step: int) -> bool:
         return step % self.config.grad_sync_period == 0
 
     def after_train_step(self, state: TrainState, step: int) -> TrainState:
         if self.config.grad_sync_period > 1 and self.is_sync_point(step):
-            state = self._average_shared_program(state)
+            state = self.program("average", self._average_shared_program)(state)
         period = self.config.consistency_check_every_n_steps
         self._check_due = self._check_due or (period > 0 and step % period == 0)
         if self._check_due and self.is_sync_point(step):  # between sync points replicas differ by design
@@ -215,12 +227,13 @@ class DistributedRLTask(RLTask[DistributedConfigT]):
         return state
 
     @functools.cached_property
-    def _broadcast_program(self) -> Callable[..., Any]:
+    def _broadcast_program(self) -> Program:
         return make_broadcast_from_first(self.axis_name, self.devices)
 
     def replica_divergences(self, state: TrainState) -> list[LeafDivergence]:
         """Leaves whose copies differ from device 0's (or hold NaN/Inf), over every device in use."""
-        diffs, non_finite = self._replica_check_program({"shared": state.shared, "rng": state.rng})
+        check = self.program("replica_check", self._replica_check_program)
+        diffs, non_finite = check({"shared": state.shared, "rng": state.rng})
         # All-gathered, so the first local replica holds every device's numbers.
         diffs, non_finite = self.fetch_replicated((diffs, non_finite))
         return find_divergences(diffs, non_finite, self.config.consistency_tolerance)

@@ -1,4 +1,4 @@
-"""RLTask: MJX environments, rollouts with automatic resets, and the training loop.
+"""RLTask: MJX environments, rollouts with automatic resets, and the per-shard programs.
 
 The per-shard logic (`reset_shard`, `rollout_shard`, `update_shard`, `train_step_shard`) consists of pure
 functions of explicit state pytrees. `RLTask` compiles them with `jax.jit`; `DistributedRLTask` compiles
@@ -7,20 +7,15 @@ the same functions with `jax.pmap` and fills in the cross-device hooks (`cross_d
 
 from __future__ import annotations
 
-import faulthandler
 import functools
 import math
 import os
-import signal
 import sys
-import threading
 import time
 from abc import ABC, abstractmethod
-from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from types import FrameType
 from typing import Any, Generic, TypeVar
 
 import flax.linen as nn
@@ -44,16 +39,19 @@ from ksim.config import (
     require_non_negative,
     require_positive,
 )
-from ksim.engine import PhysicsEngine, StepContext, substeps_divide
+from ksim.engine import PhysicsEngine, StepContext, check_components, substeps_divide
 from ksim.normalization import Normalizer
 from ksim.observations import Observation
-from ksim.reporting import MetricsLogger
+from ksim.reporting import SCALARS_FILE, MetricsLogger
 from ksim.resets import Reset
 from ksim.rewards import Reward
+from ksim.task.evaluation import first_episode, make_eval_program
+from ksim.task.loop import report_compile, run_training
 from ksim.terminations import Termination, physics_diverged
 
 Array = jax.Array
 Metrics = dict[str, Array]
+Program = Any  # a jitted or pmapped function: callable, and `.lower(...)` compiles it ahead of time
 
 
 @dataclass
@@ -64,17 +62,28 @@ class RLConfig:
     rollout_length_frames: int = xax.field(32, help="Control steps per environment in one rollout.")
     ctrl_dt: float = xax.field(0.02, help="Control period in seconds (one policy action per ctrl_dt).")
     dt: float = xax.field(0.005, help="Physics timestep in seconds; must divide ctrl_dt.")
-    episode_length_s: float = xax.field(10.0, help="Episodes are truncated after this many seconds.")
+    episode_length_s: float | None = xax.field(
+        10.0, help="Episodes are truncated after this many seconds (set this or episode_length_steps)."
+    )
+    episode_length_steps: int | None = xax.field(
+        None, help="Episodes are truncated after this many control steps (instead of episode_length_s)."
+    )
+    base_body: str | None = xax.field(None, help="Body whose pose is the base's (default: first body under the world).")
     num_steps: int = xax.field(100, help="Train steps to run (one rollout + one update each).")
     seed: int = xax.field(0, help="Random seed for params, environments and minibatches.")
     normalize_observations: bool = xax.field(True, help="Keep running observation statistics.")
     log_every_n_steps: int = xax.field(1, help="Print and record metrics every N train steps.")
     save_every_n_steps: int = xax.field(100, help="Write a checkpoint every N train steps (0: only at the end).")
+    eval_every_n_steps: int = xax.field(0, help="Evaluate the deterministic policy every N train steps (0: never).")
     run_dir: str = xax.field("", help="Output folder (default: runs/<task>/<timestamp>).")
     load_from_ckpt_path: str = xax.field("", help="Checkpoint to resume training or to evaluate.")
     mode: str = xax.field("train", help="'train' or 'eval' (eval needs load_from_ckpt_path).")
-    eval_episodes: int = xax.field(10, help="Episodes run by mode=eval (deterministic policy).")
+    eval_episodes: int = xax.field(10, help="Episodes per evaluation (mode=eval and eval_every_n_steps).")
     video_path: str = xax.field("", help="mode=eval: write the first episode to this .mp4 or .gif.")
+    compilation_cache_dir: str = xax.field(
+        os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "ksim", "jax"),
+        help="Persistent XLA compilation cache folder (empty: off). A second start of a run skips compiling.",
+    )
     watchdog_timeout_s: float = xax.field(
         600.0,
         help="Abort with a diagnosis if one train step runs longer than this, compile excluded (0: off).",
@@ -84,8 +93,8 @@ class RLConfig:
 ConfigT = TypeVar("ConfigT", bound=RLConfig)
 
 
-class EnvState(struct.PyTreeNode):
-    """State of one env, or of a batch of envs with a leading env axis."""
+class Episode(struct.PyTreeNode):
+    """One env's running episode (or a batch with a leading env axis)."""
 
     data: mjx.Data
     obs: Array
@@ -93,6 +102,28 @@ class EnvState(struct.PyTreeNode):
     episode_return: Array
     episode_length: Array
     rng: Array
+
+
+class EnvState(struct.PyTreeNode):
+    """Every env: its running episode and the start of its next one (computed ahead, once per rollout).
+
+    Episode k of env i starts from `fold_in(reset_key[i], k)`, so env i's starts depend only on its own
+    key, never on when the pool is refilled or on which device (or with which other envs) it runs.
+    """
+
+    current: Episode
+    next_start: Episode
+    next_start_ready: Array
+    episodes_started: Array
+    reset_key: Array
+
+    @property
+    def obs(self) -> Array:
+        return self.current.obs
+
+    @property
+    def data(self) -> mjx.Data:
+        return self.current.data
 
 
 class SharedState(struct.PyTreeNode):
@@ -132,88 +163,13 @@ def _unique_names(names: Sequence[str]) -> list[str]:
     return [name if names.count(name) == 1 else f"{name}_{names[:i].count(name)}" for i, name in enumerate(names)]
 
 
-class GracefulStop:
-    """Turns the first SIGINT/SIGTERM into a flag so the loop can checkpoint before it exits."""
+def select_envs(mask: Array, if_true: Any, if_false: Any) -> Any:
+    """Per env (leading axis), the leaves of `if_true` where `mask` holds, else those of `if_false`."""
 
-    def __init__(self) -> None:
-        self.requested = False
-        self._previous: dict[int, Any] = {}
+    def pick(a: Array, b: Array) -> Array:
+        return jnp.where(mask.reshape(mask.shape + (1,) * (a.ndim - mask.ndim)), a, b)
 
-    def _handle(self, signum: int, frame: FrameType | None) -> None:
-        if self.requested:  # a second Ctrl-C stops at once
-            raise KeyboardInterrupt
-        self.requested = True
-        print(f"\nreceived {signal.Signals(signum).name}: stopping after this step and saving", flush=True)
-
-    def __enter__(self) -> GracefulStop:
-        if threading.current_thread() is threading.main_thread():
-            for signum in (signal.SIGINT, signal.SIGTERM):
-                self._previous[signum] = signal.signal(signum, self._handle)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for signum, handler in self._previous.items():
-            signal.signal(signum, handler)
-
-
-class Watchdog:
-    """Aborts with a diagnosis when one train step stays unfinished for `timeout_s`.
-
-    The loop hands it each step's metrics right after dispatch (compilation has finished by then);
-    a background thread polls `is_ready()`, so nothing blocks and nothing is transferred.
-    """
-
-    def __init__(self, timeout_s: float, diagnosis: Callable[[], str]) -> None:
-        self.timeout_s = timeout_s
-        self.diagnosis = diagnosis
-        self._pending: deque[tuple[Any, float]] = deque()
-        self._lock = threading.Lock()
-        self._done = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def track(self, metrics: Any) -> None:
-        if self.timeout_s > 0:
-            with self._lock:
-                self._pending.append((jax.tree.leaves(metrics)[0], time.monotonic()))
-
-    def stalled_for(self) -> float:
-        """Seconds the oldest unfinished step has been running (0 when none is)."""
-        now, started = time.monotonic(), None
-        with self._lock:
-            while self._pending and self._pending[0][0].is_ready():
-                self._pending.popleft()
-                started = now  # the next step could only start once this one finished
-            if not self._pending:
-                return 0.0
-            array, dispatched = self._pending[0]
-            started = max(dispatched, started or dispatched)
-            self._pending[0] = (array, started)
-        return now - started
-
-    def _watch(self) -> None:
-        while not self._done.wait(min(2.0, self.timeout_s)):
-            stalled = self.stalled_for()
-            if stalled > self.timeout_s:
-                print(
-                    f"\nwatchdog: a train step has not finished in {stalled:.0f} s. {self.diagnosis()}",
-                    file=sys.stderr,
-                )
-                faulthandler.dump_traceback(file=sys.stderr)
-                sys.stderr.flush()
-                os._exit(3)
-
-    def __enter__(self) -> Watchdog:
-        if self.timeout_s > 0:
-            self._thread = threading.Thread(target=self._watch, daemon=True, name="ksim-watchdog")
-            self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._done.set()
-        # Joined, not left to die with the interpreter: a daemon thread caught inside a JAX call at
-        # shutdown aborts the process ("FATAL: exception not rethrown").
-        if self._thread is not None:
-            self._thread.join()
+    return jax.tree.map(pick, if_true, if_false)
 
 
 class RLTask(ABC, Generic[ConfigT]):
@@ -222,20 +178,29 @@ class RLTask(ABC, Generic[ConfigT]):
     def __init__(self, config: ConfigT) -> None:
         self.config = config
         self.validate_config()
-        self.engine = PhysicsEngine.create(self.get_mujoco_model(), config.ctrl_dt, config.dt)
+        self.engine = self.get_engine()
         self.observations = tuple(self.get_observations())
         self.rewards = tuple(self.get_rewards())
         self.terminations = tuple(self.get_terminations())
         self.resets = tuple(self.get_resets())
+        check_components(self.engine.layout, (*self.observations, *self.rewards, *self.terminations, *self.resets))
         self.actuators = self.get_actuators()
         self.reward_names = _unique_names([reward.name for reward in self.rewards])
         self.model = self.get_model()
         self.optimizer = self.get_optimizer()
+        self._compiled: dict[str, Program] = {}
+        if config.compilation_cache_dir:
+            jax.config.update("jax_compilation_cache_dir", os.path.expanduser(config.compilation_cache_dir))
 
     # ----- what a task defines ---------------------------------------------------------------------------
 
     @abstractmethod
     def get_mujoco_model(self) -> mujoco.MjModel: ...
+
+    def get_engine(self) -> PhysicsEngine:
+        """The physics engine; override to step the model differently."""
+        config = self.config
+        return PhysicsEngine.create(self.get_mujoco_model(), config.ctrl_dt, config.dt, config.base_body)
 
     @abstractmethod
     def get_observations(self) -> Sequence[Observation]: ...
@@ -273,8 +238,14 @@ class RLTask(ABC, Generic[ConfigT]):
         """Raises ConfigError naming the setting and the rule; runs before anything is built or compiled."""
         config = self.config
         require_positive(config, "num_envs", "batch_size", "num_passes", "rollout_length_frames", "num_steps")
-        require_positive(config, "ctrl_dt", "dt", "episode_length_s", "eval_episodes", "log_every_n_steps")
-        require_non_negative(config, "save_every_n_steps", "watchdog_timeout_s")
+        require_positive(config, "ctrl_dt", "dt", "eval_episodes", "log_every_n_steps")
+        require_non_negative(config, "save_every_n_steps", "eval_every_n_steps", "watchdog_timeout_s")
+        if (config.episode_length_s is None) == (config.episode_length_steps is None):
+            raise ConfigError(
+                f"set exactly one of episode_length_s={config.episode_length_s} and "
+                f"episode_length_steps={config.episode_length_steps} (the other one to null)"
+            )
+        require_positive(config, "episode_length_s" if config.episode_length_s is not None else "episode_length_steps")
         require_divisible("num_envs", config.num_envs, config.batch_size, f"batch_size={config.batch_size}")
         if not substeps_divide(config.ctrl_dt, config.dt):
             raise ConfigError(f"dt={config.dt} must divide ctrl_dt={config.ctrl_dt} into a whole number of steps")
@@ -286,7 +257,9 @@ class RLTask(ABC, Generic[ConfigT]):
 
     @property
     def max_episode_steps(self) -> int:
-        return max(1, round(self.config.episode_length_s / self.config.ctrl_dt))
+        if self.config.episode_length_steps is not None:
+            return self.config.episode_length_steps
+        return max(1, round((self.config.episode_length_s or 0.0) / self.config.ctrl_dt))
 
     @property
     def num_minibatches(self) -> int:
@@ -298,8 +271,8 @@ class RLTask(ABC, Generic[ConfigT]):
 
     @functools.cached_property
     def observation_dim(self) -> int:
-        state = jax.eval_shape(self.reset_env, jax.random.PRNGKey(0))
-        return int(state.obs.shape[-1])
+        episode = jax.eval_shape(self.start_episode, jax.random.PRNGKey(0))
+        return int(episode.obs.shape[-1])
 
     @property
     def task_name(self) -> str:
@@ -316,7 +289,7 @@ class RLTask(ABC, Generic[ConfigT]):
     def debug_print(self, tag: str, values: dict[str, Array]) -> None:
         """Prints traced values from inside the device program (DistributedRLTask, with debug=true)."""
 
-    def compile(self, fn: Callable[..., Any], donate_argnums: tuple[int, ...] = ()) -> Callable[..., Any]:
+    def compile(self, fn: Callable[..., Any], donate_argnums: tuple[int, ...] = ()) -> Program:
         """How per-shard functions become device programs (pmap in DistributedRLTask)."""
         on_cpu = jax.default_backend() == "cpu"  # the CPU runtime ignores donation and warns
         return jax.jit(fn, donate_argnums=() if on_cpu else donate_argnums)
@@ -349,22 +322,18 @@ class RLTask(ABC, Generic[ConfigT]):
     def observe(self, ctx: StepContext) -> Array:
         return jnp.concatenate([jnp.ravel(obs.observe(ctx)) for obs in self.observations])
 
-    def reset_env(self, rng: Array) -> EnvState:
+    def start_episode(self, rng: Array) -> Episode:
         """A new episode of one env: default pose perturbed by the task's resets."""
         engine = self.engine
         rng, *reset_keys = jax.random.split(rng, len(self.resets) + 1)
-        root_qpos, root_qvel = (7, 6) if engine.free_joint else (0, 0)
         qpos = jnp.asarray(engine.default_qpos, dtype=jnp.float32)
         qvel = jnp.zeros(engine.mj_model.nv)
-        joint_pos, joint_vel = qpos[root_qpos:], qvel[root_qvel:]
         for reset, key in zip(self.resets, reset_keys, strict=True):
-            joint_pos, joint_vel = reset.apply(joint_pos, joint_vel, key)
-        data = engine.make_data(
-            jnp.concatenate([qpos[:root_qpos], joint_pos]), jnp.concatenate([qvel[:root_qvel], joint_vel])
-        )
+            qpos, qvel = reset.apply(qpos, qvel, engine.layout, key)
+        data = engine.make_data(qpos, qvel)
         no_action = jnp.zeros(engine.action_dim)
-        obs = self.observe(engine.context(data, no_action, no_action, data.ctrl))
-        return EnvState(
+        obs = self.observe(engine.context(data, data, no_action, no_action, data.ctrl))
+        return Episode(
             data=data,
             obs=obs,
             last_action=no_action,
@@ -373,38 +342,69 @@ class RLTask(ABC, Generic[ConfigT]):
             rng=rng,
         )
 
-    def step_env(self, shared: SharedState, env: EnvState, deterministic: bool = False) -> tuple[EnvState, Transition]:
-        """One control step of one env, resetting it in place when its episode ends."""
-        rng, action_key, reset_key = jax.random.split(env.rng, 3)
-        action = self.sample_action(shared, env.obs, action_key, deterministic)
-        data, ctrl = self.engine.step(env.data, lambda data: self.actuators.ctrl(action, data))
-        ctx = self.engine.context(data, action, env.last_action, ctrl)
+    def step_env(
+        self, shared: SharedState, episode: Episode, deterministic: bool = False
+    ) -> tuple[Episode, Transition]:
+        """One control step of one env's episode (no reset: the rollout swaps in the next start)."""
+        rng, action_key = jax.random.split(episode.rng)
+        action = self.sample_action(shared, episode.obs, action_key, deterministic)
+        data, ctrl = self.engine.step(episode.data, lambda data: self.actuators.ctrl(action, data))
+        ctx = self.engine.context(data, episode.data, action, episode.last_action, ctrl)
         diverged = physics_diverged(ctx)
         next_obs = jnp.where(diverged, 0.0, self.observe(ctx))
         reward_terms = {name: reward(ctx) for name, reward in zip(self.reward_names, self.rewards, strict=True)}
         reward = jnp.where(diverged, 0.0, sum(reward_terms.values(), jnp.zeros(())))
         terminated = functools.reduce(jnp.logical_or, (t.terminated(ctx) for t in self.terminations), diverged)
-        episode_length = env.episode_length + 1
+        episode_length = episode.episode_length + 1
         truncated = (episode_length >= self.max_episode_steps) & ~terminated
-        episode_return = env.episode_return + reward
-        stepped = EnvState(data, next_obs, action, episode_return, episode_length, rng)
-        fresh = self.reset_env(reset_key)
-        done = terminated | truncated
-        next_env = jax.tree.map(lambda new, old: jnp.where(done, new, old), fresh, stepped)
-        trajectory = Trajectory(env.obs, next_obs, action, reward, terminated, truncated)
-        return next_env, Transition(trajectory, episode_return, episode_length, reward_terms)
+        episode_return = episode.episode_return + reward
+        stepped = Episode(data, next_obs, action, episode_return, episode_length, rng)
+        trajectory = Trajectory(episode.obs, next_obs, action, reward, terminated, truncated)
+        return stepped, Transition(trajectory, episode_return, episode_length, reward_terms)
 
     # ----- per-shard programs (leading env axis = this shard's envs) -----------------------------------------
 
     def reset_shard(self, env_keys: Array) -> EnvState:
-        return jax.vmap(self.reset_env)(env_keys)
+        """Every env's first episode; the next starts are computed at the first rollout."""
+        current = jax.vmap(self.start_episode)(jax.vmap(jax.random.fold_in, in_axes=(0, None))(env_keys, 0))
+        num_envs = env_keys.shape[0]
+        return EnvState(
+            current=current,
+            next_start=current,
+            next_start_ready=jnp.zeros(num_envs, bool),
+            episodes_started=jnp.ones(num_envs, jnp.int32),
+            reset_key=env_keys,
+        )
+
+    def refill_next_starts(self, env: EnvState) -> EnvState:
+        """Computes the next episode start of every env whose start was used (one batched reset)."""
+        keys = jax.vmap(jax.random.fold_in)(env.reset_key, env.episodes_started)
+        fresh = jax.vmap(self.start_episode)(keys)
+        next_start = select_envs(env.next_start_ready, env.next_start, fresh)
+        return env.replace(next_start=next_start, next_start_ready=jnp.ones_like(env.next_start_ready))
+
+    def refill_if(self, needed: Array, env: EnvState) -> EnvState:
+        """Refills only when some env needs it: a real branch, so most control steps skip reset physics."""
+        return jax.lax.cond(jnp.any(needed), self.refill_next_starts, lambda env: env, env)
+
+    def step_shard(self, shared: SharedState, env: EnvState) -> tuple[EnvState, Transition]:
+        """One control step of every env; an env whose episode ended starts its next one."""
+        stepped, transition = jax.vmap(self.step_env, in_axes=(None, 0))(shared, env.current)
+        done = transition.trajectory.terminated | transition.trajectory.truncated
+        env = self.refill_if(done & ~env.next_start_ready, env)  # an env ending twice since the last refill
+        env = env.replace(
+            current=select_envs(done, env.next_start, stepped),
+            next_start_ready=env.next_start_ready & ~done,
+            episodes_started=env.episodes_started + done,
+        )
+        return env, transition
 
     def rollout_shard(self, shared: SharedState, env: EnvState) -> tuple[EnvState, Trajectory, Metrics]:
         """`rollout_length_frames` steps of every env; episodes carry over into the next rollout."""
-        step_all = jax.vmap(self.step_env, in_axes=(None, 0))
+        env = self.refill_if(~env.next_start_ready, env)
 
         def body(env: EnvState, _: None) -> tuple[EnvState, Transition]:
-            return step_all(shared, env)
+            return self.step_shard(shared, env)
 
         env, transitions = jax.lax.scan(body, env, None, length=self.config.rollout_length_frames)
         trajectory = transitions.trajectory
@@ -449,19 +449,19 @@ class RLTask(ABC, Generic[ConfigT]):
     # ----- compiled entry points ------------------------------------------------------------------------------
 
     @functools.cached_property
-    def _reset_program(self) -> Callable[..., Any]:
+    def _reset_program(self) -> Program:
         return self.compile(self.reset_shard)
 
     @functools.cached_property
-    def _rollout_program(self) -> Callable[..., Any]:
+    def _rollout_program(self) -> Program:
         return self.compile(self.rollout_shard, donate_argnums=(1,))
 
     @functools.cached_property
-    def _update_program(self) -> Callable[..., Any]:
+    def _update_program(self) -> Program:
         return self.compile(self.update_shard, donate_argnums=(0,))
 
     @functools.cached_property
-    def _train_step_program(self) -> Callable[..., Any]:
+    def _train_step_program(self) -> Program:
         return self.compile(self.train_step_shard, donate_argnums=(0,))
 
     def rollout(self, shared: SharedState, env: EnvState) -> tuple[EnvState, Trajectory, Metrics]:
@@ -470,8 +470,20 @@ class RLTask(ABC, Generic[ConfigT]):
     def update(self, shared: SharedState, trajectory: Trajectory, rng: Array) -> tuple[SharedState, Metrics]:
         return self._update_program(shared, trajectory, rng)
 
+    def program(self, name: str, fallback: Program) -> Program:
+        """The ahead-of-time compiled program `name` (see `precompile`), else `fallback` (compiles on call)."""
+        return self._compiled[name] if name in self._compiled else fallback  # noqa: SIM401 (mypy on Any)
+
     def train_step(self, state: TrainState) -> tuple[TrainState, Metrics]:
-        return self._train_step_program(state)
+        return self.program("train_step", self._train_step_program)(state)
+
+    def precompile(self, state: TrainState, verbose: bool = True) -> None:
+        """Compiles every program the run will call before the first train step (ahead of time)."""
+        with report_compile("train step", verbose):
+            self._compiled["train_step"] = self._train_step_program.lower(state).compile()
+        if self.config.eval_every_n_steps:
+            with report_compile("evaluation", verbose):
+                self._compiled["eval"] = self._eval_program.lower(*self.eval_inputs(state.shared)).compile()
 
     # ----- state ----------------------------------------------------------------------------------------------
 
@@ -521,56 +533,15 @@ class RLTask(ABC, Generic[ConfigT]):
         return self.run_eval() if self.config.mode == "eval" else self.run_training()
 
     def run_training(self) -> TrainState:
-        """Trains for `num_steps` train steps; checkpoints periodically, at the end and on Ctrl-C/SIGTERM."""
-        config = self.config
-        step, env_steps, shared, rng = 0, 0, None, None
-        if config.load_from_ckpt_path:
-            contents = self.load_contents(config.load_from_ckpt_path)
-            shared, rng = contents["shared"], contents["rng"]
-            step, env_steps = int(contents["step"]), int(contents["env_steps"])
-        run_dir = self.make_run_dir() if self.is_logging_process else None
-        logger = MetricsLogger(run_dir / "tensorboard" if run_dir else None)
-        if run_dir:
-            print(f"{self.task_name}: writing to {run_dir}", flush=True)
+        return run_training(self)
 
-        start_time = time.perf_counter()
-        state = self.init_train_state(shared, rng)
-        start_step, window = step, []  # window: metrics of the steps since the last log line, still on device
-        with GracefulStop() as stop, Watchdog(config.watchdog_timeout_s, self.hang_diagnosis) as watchdog:
-            try:
-                while step < config.num_steps and not stop.requested:
-                    with jax.transfer_guard("disallow"):
-                        state, metrics = self.train_step(state)
-                    watchdog.track(metrics)
-                    window.append(metrics)
-                    step += 1
-                    env_steps += self.env_steps_per_train_step
-                    state = self.after_train_step(state, step)
-                    if step == start_step + 1:  # the first step compiles: keep it out of the throughput
-                        jax.block_until_ready(metrics)
-                        first_step_done = last_log_time = time.perf_counter()
-                        last_log_env_steps = env_steps
-                        if run_dir:
-                            print(f"startup and first train step (compiles): {first_step_done - start_time:.1f} s")
-                    if step % config.log_every_n_steps == 0 or step == config.num_steps:
-                        scalars = self.scalars(self.fetch_replicated(window))
-                        window = []
-                        now = time.perf_counter()
-                        if step > start_step + 1:
-                            scalars |= self.log_fields((env_steps - last_log_env_steps) / (now - last_log_time))
-                            last_log_time, last_log_env_steps = now, env_steps
-                        seconds_per_step = (now - first_step_done) / max(step - start_step - 1, 1)
-                        if run_dir:
-                            logger.log(
-                                step, config.num_steps, env_steps, scalars, seconds_per_step * (config.num_steps - step)
-                            )
-                    if run_dir and config.save_every_n_steps and step % config.save_every_n_steps == 0:
-                        self.save(run_dir, state, step, env_steps)
-                if run_dir and step > start_step:  # normal end, or stopped by SIGINT/SIGTERM
-                    print(f"saved checkpoint {self.save(run_dir, state, step, env_steps)}", flush=True)
-            finally:
-                logger.close()
-        return state
+    def make_logger(self, run_dir: Path | None) -> MetricsLogger:
+        if run_dir is None:
+            return MetricsLogger(None)
+        return MetricsLogger(run_dir / "tensorboard", run_dir / SCALARS_FILE)
+
+    def after_training(self, run_dir: Path) -> None:
+        """Runs on the logging process once training has ended (and saved)."""
 
     def save(self, run_dir: Path, state: TrainState, step: int, env_steps: int) -> Path:
         contents = self.checkpoint_contents(state, step, env_steps)
@@ -595,39 +566,37 @@ class RLTask(ABC, Generic[ConfigT]):
     # ----- evaluation -------------------------------------------------------------------------------------------
 
     @functools.cached_property
-    def _eval_program(self) -> Callable[..., Any]:
-        step_all = jax.vmap(functools.partial(self.step_env, deterministic=True), in_axes=(None, 0))
+    def _eval_program(self) -> Program:
+        return make_eval_program(self)
 
-        def run_episodes(shared: SharedState, env_keys: Array) -> tuple[Array, Array, Array]:
-            """Each env's first episode: its return, its length, and env 0's qpos at every step."""
-
-            def body(carry: tuple[EnvState, Array, Array, Array], _: None) -> tuple[Any, Array]:
-                env, returns, lengths, running = carry
-                qpos = env.data.qpos[0]
-                env, transition = step_all(shared, env)
-                trajectory = transition.trajectory
-                returns = returns + jnp.where(running, trajectory.reward, 0.0)
-                lengths = lengths + running
-                running = running & ~(trajectory.terminated | trajectory.truncated)
-                return (env, returns, lengths, running), qpos
-
-            num_envs = env_keys.shape[0]
-            env = jax.vmap(self.reset_env)(env_keys)
-            init = (env, jnp.zeros(num_envs), jnp.zeros(num_envs, jnp.int32), jnp.ones(num_envs, bool))
-            (_, returns, lengths, _), qpos = jax.lax.scan(body, init, None, length=self.max_episode_steps)
-            return returns, lengths, qpos
-
-        return jax.jit(run_episodes)
-
-    def evaluate(self, shared: SharedState, num_episodes: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-        """Returns of `num_episodes` deterministic episodes, and the first episode's qpos per control step."""
+    def eval_inputs(self, shared: SharedState, num_episodes: int | None = None, seed: int | None = None) -> tuple:
+        """Host copies of (shared state, env keys) for the evaluation program."""
+        num_episodes = self.config.eval_episodes if num_episodes is None else num_episodes
+        seed = self.config.seed if seed is None else seed
         keys = jax.random.split(jax.random.PRNGKey(seed), num_episodes)
-        returns, lengths, qpos = jax.device_get(self._eval_program(jax.device_put(shared), keys))
-        return returns, qpos[: int(lengths[0])]
+        return jax.device_put(self.fetch_replicated(shared), jax.local_devices()[0]), keys
+
+    def evaluate(
+        self, shared: SharedState, num_episodes: int | None = None, seed: int | None = None
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Deterministic episodes from fresh envs: returns, lengths, and env 0's qpos per control step."""
+        inputs = self.eval_inputs(shared, num_episodes, seed)
+        precompiled_shape = num_episodes in (None, self.config.eval_episodes)
+        program = self.program("eval", self._eval_program) if precompiled_shape else self._eval_program
+        returns, lengths, qpos, _ = jax.device_get(program(*inputs))
+        return returns, lengths, first_episode(qpos, lengths)
+
+    def eval_due(self, step: int) -> bool:
+        every = self.config.eval_every_n_steps
+        return every > 0 and (step % every == 0 or step == self.config.num_steps)
+
+    def eval_scalars(self, state: TrainState) -> dict[str, float]:
+        returns, lengths, _ = self.evaluate(state.shared)
+        return {"eval/return": float(np.mean(returns)), "eval/length": float(np.mean(lengths))}
 
     def run_eval(self) -> np.ndarray:
         contents = self.load_contents(self.config.load_from_ckpt_path)
-        returns, qpos = self.evaluate(contents["shared"], self.config.eval_episodes, self.config.seed)
+        returns, _, qpos = self.evaluate(contents["shared"], self.config.eval_episodes, self.config.seed)
         print(
             f"{self.task_name}: {len(returns)} episodes, mean return {returns.mean():.4g} "
             f"(std {returns.std():.3g}, min {returns.min():.4g}, max {returns.max():.4g})",

@@ -1,0 +1,206 @@
+"""The host side of training: the train-step loop, signals, the hang watchdog and compile reporting.
+
+Everything on the device is `RLTask`'s; this module only dispatches its programs, logs and saves.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import os
+import signal
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from types import FrameType
+from typing import TYPE_CHECKING, Any
+
+import jax
+
+if TYPE_CHECKING:
+    from ksim.task.rl import RLTask, TrainState
+
+CACHE_HIT_EVENT = "/jax/compilation_cache/cache_hits"
+CACHE_MISS_EVENT = "/jax/compilation_cache/cache_misses"
+
+
+class GracefulStop:
+    """Turns the first SIGINT/SIGTERM into a flag so the loop can checkpoint before it exits."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._previous: dict[int, Any] = {}
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if self.requested:  # a second Ctrl-C stops at once
+            raise KeyboardInterrupt
+        self.requested = True
+        print(f"\nreceived {signal.Signals(signum).name}: stopping after this step and saving", flush=True)
+
+    def __enter__(self) -> GracefulStop:
+        if threading.current_thread() is threading.main_thread():
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                self._previous[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+
+
+class Watchdog:
+    """Aborts with a diagnosis when one train step stays unfinished for `timeout_s`.
+
+    The loop hands it each step's metrics right after dispatch (compilation has finished by then);
+    a background thread polls `is_ready()`, so nothing blocks and nothing is transferred.
+    """
+
+    def __init__(self, timeout_s: float, diagnosis: Callable[[], str]) -> None:
+        self.timeout_s = timeout_s
+        self.diagnosis = diagnosis
+        self._pending: deque[tuple[Any, float]] = deque()
+        self._lock = threading.Lock()
+        self._done = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def track(self, metrics: Any) -> None:
+        if self.timeout_s > 0:
+            with self._lock:
+                self._pending.append((jax.tree.leaves(metrics)[0], time.monotonic()))
+
+    def stalled_for(self) -> float:
+        """Seconds the oldest unfinished step has been running (0 when none is)."""
+        now, started = time.monotonic(), None
+        with self._lock:
+            while self._pending and self._pending[0][0].is_ready():
+                self._pending.popleft()
+                started = now  # the next step could only start once this one finished
+            if not self._pending:
+                return 0.0
+            array, dispatched = self._pending[0]
+            started = max(dispatched, started or dispatched)
+            self._pending[0] = (array, started)
+        return now - started
+
+    def _watch(self) -> None:
+        while not self._done.wait(min(2.0, self.timeout_s)):
+            stalled = self.stalled_for()
+            if stalled > self.timeout_s:
+                print(
+                    f"\nwatchdog: a train step has not finished in {stalled:.0f} s. {self.diagnosis()}",
+                    file=sys.stderr,
+                )
+                faulthandler.dump_traceback(file=sys.stderr)
+                sys.stderr.flush()
+                os._exit(3)
+
+    def __enter__(self) -> Watchdog:
+        if self.timeout_s > 0:
+            self._thread = threading.Thread(target=self._watch, daemon=True, name="ksim-watchdog")
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._done.set()
+        # Joined, not left to die with the interpreter: a daemon thread caught inside a JAX call at
+        # shutdown aborts the process ("FATAL: exception not rethrown").
+        if self._thread is not None:
+            self._thread.join()
+
+
+class CacheEvents:
+    """Counts persistent-compilation-cache hits and misses reported through `jax.monitoring`."""
+
+    _instance: CacheEvents | None = None
+
+    def __init__(self) -> None:
+        self.hits = 0
+        self.misses = 0
+        jax.monitoring.register_event_listener(self._on_event)
+
+    @classmethod
+    def get(cls) -> CacheEvents:
+        if cls._instance is None:  # listeners cannot be removed: register one per process
+            cls._instance = cls()
+        return cls._instance
+
+    def _on_event(self, event: str, **kwargs: Any) -> None:
+        if event == CACHE_HIT_EVENT:
+            self.hits += 1
+        elif event == CACHE_MISS_EVENT:
+            self.misses += 1
+
+
+@contextmanager
+def report_compile(what: str, enabled: bool) -> Iterator[None]:
+    """Prints what is compiling, then how long it took and whether the persistent cache had it."""
+    events = CacheEvents.get()
+    hits, misses = events.hits, events.misses
+    if enabled:
+        print(f"compiling {what} ...", end="", flush=True)
+    start = time.perf_counter()
+    yield
+    if enabled:
+        new_hits, new_misses = events.hits - hits, events.misses - misses
+        cache = f"cache: {new_hits} hit(s), {new_misses} miss(es)" if new_hits or new_misses else "cache off"
+        print(f" {time.perf_counter() - start:.1f} s ({cache})", flush=True)
+
+
+def run_training(task: RLTask[Any]) -> TrainState:
+    """Trains for `num_steps` train steps; checkpoints periodically, at the end and on Ctrl-C/SIGTERM."""
+    config = task.config
+    step, env_steps, shared, rng = 0, 0, None, None
+    if config.load_from_ckpt_path:
+        contents = task.load_contents(config.load_from_ckpt_path)
+        shared, rng = contents["shared"], contents["rng"]
+        step, env_steps = int(contents["step"]), int(contents["env_steps"])
+    run_dir = task.make_run_dir() if task.is_logging_process else None
+    logger = task.make_logger(run_dir)
+    if run_dir:
+        print(f"{task.task_name}: writing to {run_dir}", flush=True)
+
+    start_time = time.perf_counter()
+    state = task.init_train_state(shared, rng)
+    task.precompile(state, verbose=run_dir is not None)
+    if run_dir:
+        print(f"startup and compilation: {time.perf_counter() - start_time:.1f} s", flush=True)
+    start_step, window = step, []  # window: metrics of the steps since the last log line, still on device
+    loop_start = last_log_time = time.perf_counter()
+    last_log_env_steps, eval_seconds = env_steps, 0.0  # evaluation time is kept out of the throughput
+    with GracefulStop() as stop, Watchdog(config.watchdog_timeout_s, task.hang_diagnosis) as watchdog:
+        try:
+            while step < config.num_steps and not stop.requested:
+                with jax.transfer_guard("disallow"):
+                    state, metrics = task.train_step(state)
+                watchdog.track(metrics)
+                window.append(metrics)
+                step += 1
+                env_steps += task.env_steps_per_train_step
+                state = task.after_train_step(state, step)
+                if step % config.log_every_n_steps == 0 or step == config.num_steps:
+                    scalars = task.scalars(task.fetch_replicated(window))
+                    window = []
+                    now = time.perf_counter()
+                    train_seconds = now - last_log_time - eval_seconds
+                    scalars |= task.log_fields((env_steps - last_log_env_steps) / max(train_seconds, 1e-9))
+                    eta_s = (now - loop_start) / max(step - start_step, 1) * (config.num_steps - step)
+                    if run_dir:
+                        logger.log(step, config.num_steps, env_steps, scalars, eta_s)
+                    last_log_time, last_log_env_steps, eval_seconds = now, env_steps, 0.0
+                if task.eval_due(step):
+                    eval_start = time.perf_counter()
+                    eval_scalars = task.eval_scalars(state)
+                    eval_seconds += time.perf_counter() - eval_start
+                    if run_dir:
+                        logger.log_eval(step, env_steps, eval_scalars)
+                if run_dir and config.save_every_n_steps and step % config.save_every_n_steps == 0:
+                    task.save(run_dir, state, step, env_steps)
+            if run_dir and step > start_step:  # normal end, or stopped by SIGINT/SIGTERM
+                print(f"saved checkpoint {task.save(run_dir, state, step, env_steps)}", flush=True)
+        finally:
+            logger.close()
+    if run_dir and step > start_step:
+        task.after_training(run_dir)
+    return state
