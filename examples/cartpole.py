@@ -21,7 +21,6 @@ from ksim.resets import RandomJointPositions, RandomJointVelocities, Reset
 from ksim.task.ppo import PPOConfig, PPOTask
 
 
-
 @dataclass
 class CartpoleConfig(PPOConfig):
     pass
