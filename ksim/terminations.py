@@ -61,11 +61,11 @@ class HealthyRange(_BaseTermination):
     max_pitch: float = math.inf
 
     def check(self, layout: ModelLayout) -> None:
-        super().check(layout)
         if self.min_height >= self.max_height:
             raise ConfigError(f"{self.name}: min_height={self.min_height} must be below max_height={self.max_height}")
         if self.max_pitch <= 0:
             raise ConfigError(f"{self.name}: max_pitch={self.max_pitch} must be positive")
+        super().check(layout)
 
     def terminated(self, ctx: StepContext) -> Array:
         height = ctx.base_pos[2]

@@ -29,6 +29,13 @@ ROOT = Path(__file__).resolve().parents[1]
         ({"gamma": 1.5}, "gamma=1.5 must be in [0, 1]"),
         ({"learning_rate": 0.0}, "learning_rate=0.0 must be positive"),
         ({"video_path": "out.avi"}, "video_path='out.avi' must end in .mp4 or .gif"),
+        ({"episode_length_steps": 100}, "set exactly one of episode_length_s=10.0 and episode_length_steps=100"),
+        ({"episode_length_s": None}, "set exactly one of episode_length_s=None and episode_length_steps=None"),
+        ({"episode_length_s": None, "episode_length_steps": 0}, "episode_length_steps=0 must be positive"),
+        ({"max_grad_norm": -1.0}, "max_grad_norm=-1.0 must be >= 0"),
+        ({"base_body": "pole_tip"}, "base_body: no body named 'pole_tip'; the model's bodies are 'cart', 'pole'"),
+        ({"base_body": "world"}, "base_body='world' is the world"),
+        ({"eval_every_n_steps": -1}, "eval_every_n_steps=-1 must be >= 0"),
     ],
 )
 def test_single_device_rules(overrides: dict, message: str) -> None:
@@ -114,3 +121,17 @@ def test_importing_xax_leaves_forced_device_count_intact() -> None:
     result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["--xla_force_host_platform_device_count=3", "3"]
+
+
+def test_episode_length_in_steps_and_gradient_clipping_off() -> None:
+    import jax.numpy as jnp
+    import numpy as np
+    import optax
+
+    task = CartpoleTask(cartpole_config(episode_length_s=None, episode_length_steps=123, max_grad_norm=0.0))
+    assert task.max_episode_steps == 123
+    params = {"w": jnp.zeros(3)}
+    huge = {"w": jnp.full(3, 1e6)}
+    updates, _ = task.optimizer.update(huge, task.optimizer.init(params), params)
+    expected, _ = optax.adam(task.config.learning_rate).update(huge, optax.adam(1.0).init(params), params)
+    np.testing.assert_allclose(updates["w"], expected["w"], rtol=1e-6)  # no clipping before Adam

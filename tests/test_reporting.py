@@ -1,9 +1,14 @@
 """Log lines: metrics of every step since the last line are aggregated, episodes averaged per episode."""
 
+import json
 import math
+from pathlib import Path
 
+import imageio.v2 as imageio
 import numpy as np
 
+from ksim.plot import main as plot_main
+from ksim.plot import series
 from ksim.reporting import format_duration, format_line
 from ksim.task.rl import RLTask
 
@@ -32,7 +37,25 @@ def test_no_finished_episode_is_nan_not_zero() -> None:
 
 
 def test_log_line_has_progress_and_throughput() -> None:
-    line = format_line(10, 40, 4096, {"env_steps_per_s": 51234.5, "episode_return": 123.456, "num_devices": 2.0}, 75)
+    scalars = {"env_steps_per_s": 51234.5, "episode_return": 123.456, "episodes_finished": 7.0, "num_devices": 2.0}
+    line = format_line(10, 40, 4096, scalars, 75)
     assert line.startswith("step 10/40 (25%, eta 1m15s) | env_steps 4096 | env_steps_per_s 5.123e+04")
-    assert "num_devices 2 " in line + " " and "episode_return 123.5" in line
+    assert "num_devices 2 " in line + " " and "episode_return 123.5 (7 ended)" in line
     assert format_duration(3725) == "1h02m" and format_duration(float("nan")) == "?"
+
+
+def test_learning_curve_picture_from_logged_scalars(tmp_path: Path) -> None:
+    rows = [
+        {"step": i, "env_steps": 1000 * i, "episode_return": 10.0 * i, "episode_length": 5.0 * i} for i in range(1, 6)
+    ]
+    rows.append({"step": 5, "env_steps": 5000, "eval/return": 60.0, "eval/length": 30.0})
+    (tmp_path / "scalars.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    assert plot_main([str(tmp_path)]) == 0
+    picture = imageio.imread(tmp_path / "learning_curve.png")
+    assert picture.shape[0] > 200 and picture.shape[1] > 500 and np.asarray(picture).std() > 0
+    assert series(rows, "eval/return") == ([5000], [60.0])
+
+
+def test_plot_of_a_folder_that_is_no_run_is_a_clear_error(tmp_path: Path, capsys) -> None:
+    assert plot_main([str(tmp_path)]) == 2
+    assert f"{tmp_path / 'scalars.jsonl'} does not exist: is {tmp_path} a ksim run folder?" in capsys.readouterr().err

@@ -169,7 +169,7 @@ class DistributedRLTask(RLTask[DistributedConfigT]):
         return put_sharded(keys, self.devices, self.axis_name)
 
     def fetch_replicated(self, tree: Any) -> Any:
-        return jax.device_get(unreplicate(tree))
+        return unreplicate(tree)
 
     def debug_print(self, tag: str, values: dict[str, Array]) -> None:
         if not self.config.debug:

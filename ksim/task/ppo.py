@@ -28,7 +28,7 @@ class PPOConfig(RLConfig):
     value_clip_eps: float = xax.field(0.2, help="Value clipping around the rollout's values (0 disables).")
     entropy_coef: float = xax.field(1e-3, help="Entropy bonus weight.")
     value_coef: float = xax.field(0.5, help="Value loss weight.")
-    max_grad_norm: float = xax.field(1.0, help="Global gradient-norm clip (after any cross-device average).")
+    max_grad_norm: float = xax.field(1.0, help="Global gradient-norm clip after any cross-device average (0: off).")
     normalize_advantages: bool = xax.field(True, help="Normalise advantages per minibatch.")
     actor_hidden: list[int] = xax.field(lambda: [256, 256], help="Actor MLP hidden sizes.")
     critic_hidden: list[int] = xax.field(lambda: [256, 256], help="Critic MLP hidden sizes.")
@@ -107,8 +107,8 @@ class PPOTask(RLTask[PPOConfigT]):
     def validate_config(self) -> None:
         super().validate_config()
         config = self.config
-        require_positive(config, "learning_rate", "clip_eps", "max_grad_norm")
-        require_non_negative(config, "value_clip_eps", "entropy_coef", "value_coef")
+        require_positive(config, "learning_rate", "clip_eps")
+        require_non_negative(config, "max_grad_norm", "value_clip_eps", "entropy_coef", "value_coef")
         for name in ("gamma", "gae_lambda"):
             if not 0.0 <= getattr(config, name) <= 1.0:
                 raise ConfigError(f"{name}={getattr(config, name)} must be in [0, 1]")
@@ -122,7 +122,10 @@ class PPOTask(RLTask[PPOConfigT]):
         )
 
     def get_optimizer(self) -> optax.GradientTransformation:
-        return optax.chain(optax.clip_by_global_norm(self.config.max_grad_norm), optax.adam(self.config.learning_rate))
+        adam = optax.adam(self.config.learning_rate)
+        if self.config.max_grad_norm == 0:
+            return adam
+        return optax.chain(optax.clip_by_global_norm(self.config.max_grad_norm), adam)
 
     def normalize_obs(self, shared: SharedState, obs: Array) -> Array:
         return shared.normalizer.normalize(obs) if self.config.normalize_observations else obs

@@ -377,11 +377,24 @@ class RLTask(ABC, Generic[ConfigT]):
         )
 
     def refill_next_starts(self, env: EnvState) -> EnvState:
-        """Computes the next episode start of every env whose start was used (one batched reset)."""
-        keys = jax.vmap(jax.random.fold_in)(env.reset_key, env.episodes_started)
-        fresh = jax.vmap(self.start_episode)(keys)
-        next_start = select_envs(env.next_start_ready, env.next_start, fresh)
-        return env.replace(next_start=next_start, next_start_ready=jnp.ones_like(env.next_start_ready))
+        """Computes the next episode start of every env whose start was used, a chunk of envs at a time.
+
+        Only envs that need a start are reset (gathered by index), so the reset work is about one per
+        ended episode, not one per env.
+        """
+        num_envs = env.next_start_ready.shape[0]
+        chunk = max(1, num_envs // 8)
+
+        def refill_chunk(env: EnvState) -> EnvState:
+            (index,) = jnp.nonzero(~env.next_start_ready, size=chunk, fill_value=num_envs)  # num_envs: no env
+            safe = jnp.minimum(index, num_envs - 1)
+            keys = jax.vmap(jax.random.fold_in)(env.reset_key[safe], env.episodes_started[safe])
+            fresh = jax.vmap(self.start_episode)(keys)
+            next_start = jax.tree.map(lambda pool, new: pool.at[index].set(new, mode="drop"), env.next_start, fresh)
+            ready = env.next_start_ready.at[index].set(True, mode="drop")
+            return env.replace(next_start=next_start, next_start_ready=ready)
+
+        return jax.lax.while_loop(lambda env: jnp.any(~env.next_start_ready), refill_chunk, env)
 
     def refill_if(self, needed: Array, env: EnvState) -> EnvState:
         """Refills only when some env needs it: a real branch, so most control steps skip reset physics."""
@@ -483,7 +496,9 @@ class RLTask(ABC, Generic[ConfigT]):
             self._compiled["train_step"] = self._train_step_program.lower(state).compile()
         if self.config.eval_every_n_steps:
             with report_compile("evaluation", verbose):
-                self._compiled["eval"] = self._eval_program.lower(*self.eval_inputs(state.shared)).compile()
+                self._compiled["eval"] = self._eval_program.lower(
+                    *self.eval_inputs(self.fetch_replicated(state.shared))
+                ).compile()
 
     # ----- state ----------------------------------------------------------------------------------------------
 
@@ -541,7 +556,10 @@ class RLTask(ABC, Generic[ConfigT]):
         return MetricsLogger(run_dir / "tensorboard", run_dir / SCALARS_FILE)
 
     def after_training(self, run_dir: Path) -> None:
-        """Runs on the logging process once training has ended (and saved)."""
+        """Runs on the logging process once training has ended (and saved): the learning-curve picture."""
+        from ksim.plot import plot_learning_curve
+
+        print(f"wrote {plot_learning_curve(run_dir, self.task_name)}", flush=True)
 
     def save(self, run_dir: Path, state: TrainState, step: int, env_steps: int) -> Path:
         contents = self.checkpoint_contents(state, step, env_steps)
@@ -570,11 +588,12 @@ class RLTask(ABC, Generic[ConfigT]):
         return make_eval_program(self)
 
     def eval_inputs(self, shared: SharedState, num_episodes: int | None = None, seed: int | None = None) -> tuple:
-        """Host copies of (shared state, env keys) for the evaluation program."""
+        """(shared state on this process's first device, env keys) for the evaluation program; `shared` is a host
+        copy (unreplicated)."""
         num_episodes = self.config.eval_episodes if num_episodes is None else num_episodes
         seed = self.config.seed if seed is None else seed
         keys = jax.random.split(jax.random.PRNGKey(seed), num_episodes)
-        return jax.device_put(self.fetch_replicated(shared), jax.local_devices()[0]), keys
+        return jax.device_put(shared, jax.local_devices()[0]), keys
 
     def evaluate(
         self, shared: SharedState, num_episodes: int | None = None, seed: int | None = None
@@ -591,7 +610,7 @@ class RLTask(ABC, Generic[ConfigT]):
         return every > 0 and (step % every == 0 or step == self.config.num_steps)
 
     def eval_scalars(self, state: TrainState) -> dict[str, float]:
-        returns, lengths, _ = self.evaluate(state.shared)
+        returns, lengths, _ = self.evaluate(self.fetch_replicated(state.shared))
         return {"eval/return": float(np.mean(returns)), "eval/length": float(np.mean(lengths))}
 
     def run_eval(self) -> np.ndarray:
