@@ -115,7 +115,7 @@ def test_joints_are_the_non_root_ones_and_named_ones_can_be_any(kind: str) -> No
 
 
 def test_the_base_stays_put_on_a_fixed_root() -> None:
-    ctx, mj_model, reference = contexts("fixed")
+    ctx, _, _ = contexts("fixed")
     assert ctx.layout.root_kind == "fixed" and ctx.layout.root_joints == ()
     np.testing.assert_allclose(ctx.base_pos, [0.0, 0.0, 1.2], atol=1e-6)
     np.testing.assert_allclose(ctx.base_lin_vel_world, 0.0, atol=1e-6)
