@@ -26,11 +26,19 @@ ROLLOUT = {"num_envs": 256, "rollout_length_frames": 64, "batch_size": 64}
 
 
 def per_step_reset_task(base: type) -> type:
-    """The task with the pool refilled at every control step: a full reset per env per step, as before."""
+    """The task as before the pool: a full reset computed for every env at every control step, kept where
+    an episode ended."""
+    import jax
+    import jax.numpy as jnp
+
+    from ksim.task.rl import select_envs
 
     class PerStepReset(base):  # type: ignore[misc, valid-type]
         def refill_if(self, needed: Any, env: Any) -> Any:
-            return self.refill_next_starts(env)
+            keys = jax.vmap(jax.random.fold_in)(env.reset_key, env.episodes_started)
+            fresh = jax.vmap(self.start_episode)(keys)
+            next_start = select_envs(env.next_start_ready, env.next_start, fresh)
+            return env.replace(next_start=next_start, next_start_ready=jnp.ones_like(env.next_start_ready))
 
     return PerStepReset
 

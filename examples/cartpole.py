@@ -65,6 +65,7 @@ DEFAULT_CONFIG = CartpoleConfig(
     actor_hidden=[64, 64],
     critic_hidden=[64, 64],
     log_every_n_steps=5,
+    eval_every_n_steps=10,
     save_every_n_steps=20,
 )
 

@@ -27,6 +27,7 @@ TINY = {
     "critic_hidden": [16, 16],
     "num_steps": 2,
     "save_every_n_steps": 0,
+    "eval_every_n_steps": 0,
 }
 
 
