@@ -59,7 +59,7 @@ def test_walking_distributed_command_line(tmp_path: Path) -> None:
     )
     assert result.returncode == 0, result.stdout + result.stderr
     lines = [line for line in result.stdout.splitlines() if line.startswith("step ")]
-    assert [line.split()[1] for line in lines] == ["3/3"]  # logs every 5 steps and at the end
+    assert [line.split()[1] for line in lines] == ["1/3", "3/3"]  # the first step, every 5 steps and the end
     assert "num_devices 2" in lines[-1] and "env_steps_per_s_per_device" in lines[-1]
     assert (tmp_path / "checkpoints" / "ckpt_00000003.bin").exists()
 

@@ -179,7 +179,7 @@ def run_training(task: RLTask[Any]) -> TrainState:
                 step += 1
                 env_steps += task.env_steps_per_train_step
                 state = task.after_train_step(state, step)
-                if step % config.log_every_n_steps == 0 or step == config.num_steps:
+                if step % config.log_every_n_steps == 0 or step in (start_step + 1, config.num_steps):
                     scalars = task.scalars(task.fetch_replicated(window))
                     window = []
                     now = time.perf_counter()

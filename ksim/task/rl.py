@@ -191,6 +191,8 @@ class RLTask(ABC, Generic[ConfigT]):
         self._compiled: dict[str, Program] = {}
         if config.compilation_cache_dir:
             jax.config.update("jax_compilation_cache_dir", os.path.expanduser(config.compilation_cache_dir))
+            # Every program, also the small ones (RNG splits, network init) that add up to seconds at startup.
+            jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
 
     # ----- what a task defines ---------------------------------------------------------------------------
 
@@ -414,7 +416,6 @@ class RLTask(ABC, Generic[ConfigT]):
 
     def rollout_shard(self, shared: SharedState, env: EnvState) -> tuple[EnvState, Trajectory, Metrics]:
         """`rollout_length_frames` steps of every env; episodes carry over into the next rollout."""
-        env = self.refill_if(~env.next_start_ready, env)
 
         def body(env: EnvState, _: None) -> tuple[EnvState, Transition]:
             return self.step_shard(shared, env)
@@ -503,8 +504,17 @@ class RLTask(ABC, Generic[ConfigT]):
     # ----- state ----------------------------------------------------------------------------------------------
 
     def init_shared(self, rng: Array) -> SharedState:
-        params = self.model.init(rng, jnp.zeros((1, self.observation_dim)))
-        return SharedState(params, self.optimizer.init(params), Normalizer.create(self.observation_dim))
+        return self._init_shared_program(rng)
+
+    @functools.cached_property
+    def _init_shared_program(self) -> Program:
+        """One program (one persistent-cache entry) rather than one per initializer op."""
+
+        def init(rng: Array) -> SharedState:
+            params = self.model.init(rng, jnp.zeros((1, self.observation_dim)))
+            return SharedState(params, self.optimizer.init(params), Normalizer.create(self.observation_dim))
+
+        return jax.jit(init)
 
     def init_train_state(self, shared: SharedState | None = None, rng: Array | None = None) -> TrainState:
         """Fresh envs on the device(s), with new shared state unless one is given (e.g. a checkpoint's)."""
