@@ -485,8 +485,14 @@ class RLTask(ABC, Generic[ConfigT]):
         return self._update_program(shared, trajectory, rng)
 
     def program(self, name: str, fallback: Program) -> Program:
-        """The ahead-of-time compiled program `name` (see `precompile`), else `fallback` (compiles on call)."""
-        return self._compiled[name] if name in self._compiled else fallback  # noqa: SIM401 (mypy on Any)
+        """The ahead-of-time compiled program `name` (see `precompile`), else `fallback` (compiles on call).
+
+        With several processes pmap's outputs are process-local arrays, which a compiled executable refuses;
+        there `precompile` only fills the persistent cache and the call goes through pmap (tracing only).
+        """
+        if name in self._compiled and jax.process_count() == 1:
+            return self._compiled[name]
+        return fallback
 
     def train_step(self, state: TrainState) -> tuple[TrainState, Metrics]:
         return self.program("train_step", self._train_step_program)(state)
