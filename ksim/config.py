@@ -61,7 +61,7 @@ def parse_overrides(config: ConfigT, argv: Sequence[str]) -> ConfigT:
             raise ConfigError(f"argument {arg!r} is not of the form key=value (see --help)")
     base = OmegaConf.structured(config)
     try:
-        merged = OmegaConf.merge(base, OmegaConf.from_dotlist(list(argv)))
+        merged = OmegaConf.merge(base, OmegaConf.from_dotlist([_empty_string(config, arg) for arg in argv]))
     except (ConfigKeyError, ConfigAttributeError) as error:
         key = getattr(error, "full_key", None) or str(error)
         raise ConfigError(f"unknown setting {key!r} (see --help for the settings)") from None
@@ -71,6 +71,13 @@ def parse_overrides(config: ConfigT, argv: Sequence[str]) -> ConfigT:
         raise ConfigError(f"{key}={value} is not valid: {(error.msg or str(error)).splitlines()[0]}") from None
     result: Any = OmegaConf.to_object(merged)
     return result
+
+
+def _empty_string(config: object, arg: str) -> str:
+    """`key=` sets a text setting to the empty string (omegaconf alone would read null)."""
+    key, value = arg.split("=", 1)
+    fields = {field.name: field.type for field in dataclasses.fields(config)}  # type: ignore[arg-type]
+    return f"{key}=''" if value == "" and fields.get(key) in (str, "str") else arg
 
 
 def parse_command_line(config: ConfigT, argv: Sequence[str] | None = None) -> ConfigT:

@@ -135,3 +135,8 @@ def test_episode_length_in_steps_and_gradient_clipping_off() -> None:
     updates, _ = task.optimizer.update(huge, task.optimizer.init(params), params)
     expected, _ = optax.adam(task.config.learning_rate).update(huge, optax.adam(1.0).init(params), params)
     np.testing.assert_allclose(updates["w"], expected["w"], rtol=1e-6)  # no clipping before Adam
+
+
+def test_an_empty_value_sets_a_text_setting_to_the_empty_string() -> None:
+    config = parse_overrides(DEFAULT_CONFIG, ["compilation_cache_dir=", "run_dir=out"])
+    assert config.compilation_cache_dir == "" and config.run_dir == "out"
