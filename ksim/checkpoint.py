@@ -130,6 +130,11 @@ def check_metadata(path: str | Path, found: dict[str, Any] | None, expected: dic
     where = f"load_from_ckpt_path={str(path)!r}"
     if found is None:
         raise ConfigError(f"{where} has no metadata (written by an older ksim) {OVERRIDE_HINT}")
+    missing = [key for key in ("task", "observations", "actions") if not isinstance(found, dict) or key not in found]
+    if missing:
+        raise ConfigError(
+            f"{where} has metadata without {', '.join(missing)} (not a task's checkpoint) {OVERRIDE_HINT}"
+        )
     problem = metadata_mismatch(found, expected)
     if problem:
         raise ConfigError(f"{where}: {problem} {OVERRIDE_HINT}")

@@ -176,6 +176,14 @@ def test_unreadable_files_are_one_line_config_errors(
     assert message.startswith(f"load_from_ckpt_path={str(path)!r} {rule}") and "\n" not in message
 
 
+def test_metadata_of_another_kind_is_refused(trained: tuple, tmp_path: Path) -> None:
+    task, _, run_dir = trained
+    state_dict, _ = read_checkpoint(run_dir / "checkpoints" / "ckpt_latest.bin")
+    path = save_checkpoint(tmp_path / "odd.bin", state_dict, {"task": "CartpoleTask"})
+    with pytest.raises(ConfigError, match="has metadata without observations, actions \\(not a task's checkpoint\\)"):
+        task.load_contents(path)
+
+
 def test_keep_last_n_checkpoints_prunes_old_numbered_ones(trained: tuple, tmp_path: Path) -> None:
     _, state, _ = trained
     task = CartpoleTask(cartpole_config(keep_last_n_checkpoints=3))

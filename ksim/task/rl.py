@@ -582,8 +582,7 @@ class RLTask(ABC, Generic[ConfigT]):
             "step": np.asarray(0),
             "env_steps": np.asarray(0),
         }
-        metadata = self.checkpoint_metadata()
-        return load_checkpoint(path, target, metadata, self.config.allow_checkpoint_mismatch)
+        return load_checkpoint(path, target, self._checkpoint_metadata, self.config.allow_checkpoint_mismatch)
 
     # ----- the training loop -----------------------------------------------------------------------------------
 
