@@ -5,6 +5,7 @@ A cart on an endless rail keeps a hinged pole upright; an episode fails when the
 
     python -m examples.cartpole                      # train (defaults sized for a 2-core CPU)
     python -m examples.cartpole mode=eval load_from_ckpt_path=runs/CartpoleTask/<run>/checkpoints/ckpt_latest.bin
+    python -m examples.cartpole mode=export load_from_ckpt_path=<...>/ckpt_latest.bin export_path=policy.onnx
 """
 
 from collections.abc import Sequence

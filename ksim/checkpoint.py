@@ -1,9 +1,16 @@
-"""Checkpoints: msgpack files of host pytrees, written atomically and checked against the model."""
+"""Checkpoints: msgpack files of host pytrees plus metadata, written atomically and checked on load.
+
+A checkpoint is one msgpack map: the state under its own keys and, under `METADATA_KEY`, a JSON string
+saying what wrote it (task, config, observation and action layout, ctrl_dt, library versions).
+"""
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -13,12 +20,33 @@ from flax import serialization
 
 from ksim.config import ConfigError
 
+METADATA_KEY = "__ksim_metadata__"
+METADATA_FORMAT = 1
+OVERRIDE_HINT = "(set allow_checkpoint_mismatch=true to load anyway)"
+NUMBERED = re.compile(r"ckpt_(\d{8})\.bin")
+TEMP_PATTERN = ".ckpt_*.tmp"
 
-def save_checkpoint(path: str | Path, tree: Any) -> Path:
-    """Writes `tree` (host or device arrays) to `path` via a temp file and rename, so never half-written."""
+
+def _fsync_dir(directory: Path) -> None:
+    """Makes a rename in `directory` durable (a no-op where directories cannot be opened, e.g. Windows)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def save_checkpoint(path: str | Path, tree: Any, metadata: dict[str, Any] | None = None) -> Path:
+    """Writes `tree` (and `metadata`) via a temp file, fsync and rename, so `path` is never half-written."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    payload = serialization.msgpack_serialize(serialization.to_state_dict(jax.device_get(tree)))
+    state = serialization.to_state_dict(jax.device_get(tree))
+    if metadata is not None:
+        state = {**state, METADATA_KEY: json.dumps(metadata)}
+    payload = serialization.msgpack_serialize(state)
     fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as file:
@@ -29,7 +57,87 @@ def save_checkpoint(path: str | Path, tree: Any) -> Path:
     except BaseException:
         Path(tmp_name).unlink(missing_ok=True)
         raise
+    _fsync_dir(path.parent)
     return path
+
+
+def prune_checkpoints(directory: str | Path, keep_last: int) -> list[Path]:
+    """Deletes all but the newest `keep_last` numbered checkpoints (0 keeps all) and stale temp files."""
+    directory = Path(directory)
+    for stale in directory.glob(TEMP_PATTERN):  # left by a writer that was killed mid-save
+        stale.unlink(missing_ok=True)
+    numbered = sorted((p for p in directory.iterdir() if NUMBERED.fullmatch(p.name)), key=lambda p: p.name)
+    removed = numbered[:-keep_last] if keep_last > 0 else []
+    for old in removed:
+        old.unlink(missing_ok=True)
+    return removed
+
+
+def read_checkpoint(path: str | Path) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """The state dict and metadata (None for checkpoints written before metadata) of a checkpoint file."""
+    path = Path(path)
+    where = f"load_from_ckpt_path={str(path)!r}"
+    if not path.is_file():
+        raise ConfigError(f"{where} does not exist")
+    payload = path.read_bytes()
+    if not payload:
+        raise ConfigError(f"{where} is an empty file, not a checkpoint")
+    try:
+        state = serialization.msgpack_restore(payload)
+    except Exception as error:  # msgpack raises several types (ExtraData, ValueError, ...) for bad input
+        reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+        raise ConfigError(f"{where} is truncated or not a ksim checkpoint ({reason[:80]})") from None
+    if not isinstance(state, dict) or not state:
+        raise ConfigError(f"{where} is not a ksim checkpoint (no state in it)")
+    raw = state.pop(METADATA_KEY, None)
+    if raw is None:
+        return state, None
+    try:
+        metadata = json.loads(raw)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{where} has unreadable metadata (not JSON)") from None
+    return state, metadata
+
+
+def _layout_text(layout: Sequence[Any]) -> str:
+    return ", ".join(f"{name}({size})" for name, size in layout) or "nothing"
+
+
+def metadata_mismatch(found: dict[str, Any], expected: dict[str, Any]) -> str | None:
+    """Why a checkpoint's metadata does not fit this task (other task, observation or action layout)."""
+    related = found["task"] in expected.get("task_classes", []) or expected["task"] in found.get("task_classes", [])
+    if found["task"] != expected["task"] and not related:
+        return f"written by {found['task']}, this is {expected['task']}"
+    found_obs = [tuple(item) for item in found["observations"]]
+    expected_obs = [tuple(item) for item in expected["observations"]]
+    if found_obs != expected_obs:
+        return (
+            f"observations differ: the checkpoint has {_layout_text(found_obs)}, "
+            f"{expected['task']} has {_layout_text(expected_obs)}"
+        )
+    if found["actions"]["names"] != expected["actions"]["names"]:
+        return (
+            f"actuators differ: the checkpoint has {', '.join(found['actions']['names'])}, "
+            f"{expected['task']} has {', '.join(expected['actions']['names'])}"
+        )
+    return None
+
+
+def check_metadata(path: str | Path, found: dict[str, Any] | None, expected: dict[str, Any], allow: bool) -> None:
+    """Raises ConfigError (one line) if the checkpoint was written for something else, unless `allow`."""
+    if allow:
+        return
+    where = f"load_from_ckpt_path={str(path)!r}"
+    if found is None:
+        raise ConfigError(f"{where} has no metadata (written by an older ksim) {OVERRIDE_HINT}")
+    missing = [key for key in ("task", "observations", "actions") if not isinstance(found, dict) or key not in found]
+    if missing:
+        raise ConfigError(
+            f"{where} has metadata without {', '.join(missing)} (not a task's checkpoint) {OVERRIDE_HINT}"
+        )
+    problem = metadata_mismatch(found, expected)
+    if problem:
+        raise ConfigError(f"{where}: {problem} {OVERRIDE_HINT}")
 
 
 def _shape_mismatches(expected: Any, loaded: Any, prefix: str = "") -> list[str]:
@@ -48,15 +156,25 @@ def _shape_mismatches(expected: Any, loaded: Any, prefix: str = "") -> list[str]
     return []
 
 
-def load_checkpoint(path: str | Path, target: Any) -> Any:
-    """Reads a checkpoint into the structure of `target`, raising ConfigError if shapes differ."""
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"load_from_ckpt_path={str(path)!r} does not exist")
-    state_dict = serialization.msgpack_restore(path.read_bytes())
+def load_checkpoint(
+    path: str | Path, target: Any, expected_metadata: dict[str, Any] | None = None, allow_mismatch: bool = False
+) -> Any:
+    """Reads a checkpoint into the structure of `target`; ConfigError if it was written for something else.
+
+    With `expected_metadata`, the checkpoint's metadata must match it (unless `allow_mismatch`); shapes must
+    always match.
+    """
+    state_dict, metadata = read_checkpoint(path)
+    if expected_metadata is not None:
+        check_metadata(path, metadata, expected_metadata, allow_mismatch)
     target = jax.device_get(target)
     problems = _shape_mismatches(serialization.to_state_dict(target), state_dict)
     if problems:
         listed = "; ".join(problems[:5]) + ("; ..." if len(problems) > 5 else "")
         raise ConfigError(f"load_from_ckpt_path={str(path)!r} does not match the model: {listed}")
     return serialization.from_state_dict(target, state_dict)
+
+
+def load_metadata(path: str | Path) -> dict[str, Any] | None:
+    """Just the metadata of a checkpoint (None if it has none)."""
+    return read_checkpoint(path)[1]

@@ -1,10 +1,15 @@
-"""Checkpoints: exact round trip, resume with counters, shape checks, eval mode, save on SIGTERM."""
+"""Checkpoints: exact round trip, resume with counters, shape and metadata checks, unreadable files,
+pruning, eval mode, save on SIGTERM and surviving SIGKILL mid-save."""
 
 import ctypes.util
 import os
+import random
 import signal
 import subprocess
 import sys
+import textwrap
+import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import jax
@@ -12,9 +17,11 @@ import numpy as np
 import pytest
 from helpers import cartpole_config
 
-from examples.cartpole import CartpoleTask
-from ksim.checkpoint import load_checkpoint, save_checkpoint
+from examples.cartpole import CartpoleConfig, CartpoleTask
+from ksim import observations as obs
+from ksim.checkpoint import load_checkpoint, load_metadata, prune_checkpoints, read_checkpoint, save_checkpoint
 from ksim.config import ConfigError
+from ksim.task.ppo import PPOTask
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -32,6 +39,24 @@ def assert_trees_equal(a: object, b: object) -> None:
     assert len(leaves_a) == len(leaves_b)
     for x, y in zip(leaves_a, leaves_b, strict=True):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+class HopperTask(PPOTask[CartpoleConfig]):
+    """The cart-pole under another, unrelated class: same shapes, so only the metadata tells them apart."""
+
+    get_mujoco_model = CartpoleTask.get_mujoco_model
+    get_observations = CartpoleTask.get_observations
+    get_rewards = CartpoleTask.get_rewards
+    get_terminations = CartpoleTask.get_terminations
+    get_resets = CartpoleTask.get_resets
+    get_actuators = CartpoleTask.get_actuators
+
+
+class SwappedObservationsTask(CartpoleTask):
+    """Same observation size as CartpoleTask, components in another order."""
+
+    def get_observations(self) -> Sequence[obs.Observation]:
+        return [obs.JointVelocity(scale=1.0, joints=("slider", "hinge")), obs.JointPosition(joints=("hinge",))]
 
 
 def test_round_trip_is_exact(trained: tuple) -> None:
@@ -72,6 +97,149 @@ def test_shape_mismatch_is_a_clear_error(trained: tuple) -> None:
         other.load_contents(run_dir / "checkpoints" / "ckpt_latest.bin")
     with pytest.raises(ConfigError, match="does not exist"):
         other.load_contents(run_dir / "missing.bin")
+
+
+def test_metadata_round_trip(trained: tuple) -> None:
+    task, _, run_dir = trained
+    metadata = load_metadata(run_dir / "checkpoints" / "ckpt_latest.bin")
+    assert metadata == task.checkpoint_metadata()
+    assert metadata is not None and metadata["task"] == "CartpoleTask"
+    assert metadata["observations"] == [["JointPosition", 1], ["JointVelocity", 2]]
+    assert metadata["actions"] == {"names": ["slide"], "type": "TorqueActuators", "scale": 1.0}
+    assert metadata["ctrl_dt"] == 0.02 and set(metadata["versions"]) == {"ksim", "jax", "flax", "mujoco"}
+    assert "actor_hidden:\n- 16\n- 16" in metadata["config"]
+
+
+def test_checkpoint_of_another_task_is_refused_naming_both(trained: tuple) -> None:
+    _, state, run_dir = trained
+    ckpt = run_dir / "checkpoints" / "ckpt_latest.bin"
+    with pytest.raises(ConfigError) as error:
+        HopperTask(cartpole_config()).load_contents(ckpt)
+    message = str(error.value)
+    assert message == (
+        f"load_from_ckpt_path={str(ckpt)!r}: written by CartpoleTask, this is HopperTask "
+        "(set allow_checkpoint_mismatch=true to load anyway)"
+    )
+    allowed = HopperTask(cartpole_config(allow_checkpoint_mismatch=True)).load_contents(ckpt)
+    assert_trees_equal(allowed["shared"], jax.device_get(state.shared))
+
+
+def test_differing_observation_layout_is_refused(trained: tuple) -> None:
+    _, _, run_dir = trained
+    ckpt = run_dir / "checkpoints" / "ckpt_latest.bin"
+    with pytest.raises(ConfigError, match=r"observations differ: the checkpoint has JointPosition\(1\), ") as error:
+        SwappedObservationsTask(cartpole_config()).load_contents(ckpt)
+    assert "SwappedObservationsTask has JointVelocity(2), JointPosition(1)" in str(error.value)
+    assert "\n" not in str(error.value)
+    SwappedObservationsTask(cartpole_config(allow_checkpoint_mismatch=True)).load_contents(ckpt)
+
+
+def test_override_still_refuses_mismatched_shapes(trained: tuple) -> None:
+    _, _, run_dir = trained
+    other = CartpoleTask(cartpole_config(actor_hidden=[8, 8], allow_checkpoint_mismatch=True))
+    with pytest.raises(ConfigError, match="does not match the model"):
+        other.load_contents(run_dir / "checkpoints" / "ckpt_latest.bin")
+
+
+def test_checkpoint_without_metadata_is_refused_unless_allowed(trained: tuple, tmp_path: Path) -> None:
+    task, _, run_dir = trained
+    old = save_checkpoint(tmp_path / "old.bin", read_checkpoint(run_dir / "checkpoints" / "ckpt_latest.bin")[0])
+    with pytest.raises(ConfigError, match=r"has no metadata \(written by an older ksim\) \(set allow_checkpoint_"):
+        task.load_contents(old)
+    loaded = CartpoleTask(cartpole_config(allow_checkpoint_mismatch=True)).load_contents(old)
+    assert int(loaded["step"]) == 2
+
+
+@pytest.mark.parametrize(
+    ("content", "rule"),
+    [
+        (b"", "is an empty file, not a checkpoint"),
+        (b"num_envs: 8\nbatch_size: 4\n", "is truncated or not a ksim checkpoint"),
+        (random.Random(0).randbytes(4096), "is truncated or not a ksim checkpoint"),
+        (b"\x05", "is not a ksim checkpoint"),
+        ("truncated", "is truncated or not a ksim checkpoint"),
+    ],
+    ids=["empty", "text", "random-bytes", "msgpack-int", "truncated"],
+)
+def test_unreadable_files_are_one_line_config_errors(
+    trained: tuple, tmp_path: Path, content: bytes | str, rule: str
+) -> None:
+    task, _, run_dir = trained
+    if content == "truncated":
+        whole = (run_dir / "checkpoints" / "ckpt_latest.bin").read_bytes()
+        content = whole[: len(whole) // 2]
+    path = tmp_path / "bad.bin"
+    path.write_bytes(content)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError) as error:
+        task.load_contents(path)
+    message = str(error.value)
+    assert message.startswith(f"load_from_ckpt_path={str(path)!r} {rule}") and "\n" not in message
+
+
+def test_metadata_of_another_kind_is_refused(trained: tuple, tmp_path: Path) -> None:
+    task, _, run_dir = trained
+    state_dict, _ = read_checkpoint(run_dir / "checkpoints" / "ckpt_latest.bin")
+    path = save_checkpoint(tmp_path / "odd.bin", state_dict, {"task": "CartpoleTask"})
+    with pytest.raises(ConfigError, match="has metadata without observations, actions \\(not a task's checkpoint\\)"):
+        task.load_contents(path)
+
+
+def test_keep_last_n_checkpoints_prunes_old_numbered_ones(trained: tuple, tmp_path: Path) -> None:
+    _, state, _ = trained
+    task = CartpoleTask(cartpole_config(keep_last_n_checkpoints=3))
+    stale = tmp_path / "checkpoints" / ".ckpt_latest.bin.abc123.tmp"  # left by a writer killed mid-save
+    stale.parent.mkdir()
+    stale.write_bytes(b"half a checkpoint")
+    for step in range(1, 7):
+        task.save(tmp_path, state, step, step * 10)
+    names = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
+    assert names == ["ckpt_00000004.bin", "ckpt_00000005.bin", "ckpt_00000006.bin", "ckpt_latest.bin"]
+    assert int(task.load_contents(tmp_path / "checkpoints" / "ckpt_latest.bin")["step"]) == 6
+    for step in range(7, 9):  # 0 keeps all
+        CartpoleTask(cartpole_config(keep_last_n_checkpoints=0)).save(tmp_path, state, step, 0)
+    assert len(list((tmp_path / "checkpoints").glob("ckpt_0*.bin"))) == 5
+    assert prune_checkpoints(tmp_path / "checkpoints", 1) == [
+        tmp_path / "checkpoints" / f"ckpt_{step:08d}.bin" for step in range(4, 8)
+    ]
+
+
+KILL_WORKER = textwrap.dedent(
+    """
+    import sys
+    import numpy as np
+    from ksim.checkpoint import save_checkpoint
+    path = sys.argv[1]
+    print("started", flush=True)
+    step = 0
+    while True:
+        step += 1
+        tree = {"weights": np.full((1024, 1024), step, np.float32), "step": np.asarray(step)}
+        save_checkpoint(path, tree, {"task": "KillTest", "step": step})
+    """
+)
+
+
+def test_latest_checkpoint_survives_sigkill_mid_save(tmp_path: Path) -> None:
+    path = tmp_path / "ckpt_latest.bin"
+    target = {"weights": np.zeros((1024, 1024), np.float32), "step": np.asarray(0)}
+    rng = random.Random(7)
+    delays = [rng.uniform(0.0, 0.5) for _ in range(4)] + [0.5]  # the last one surely after a save
+    for delay in delays:
+        process = subprocess.Popen(
+            [sys.executable, "-c", KILL_WORKER, str(path)], cwd=ROOT, stdout=subprocess.PIPE, text=True
+        )
+        assert process.stdout is not None and process.stdout.readline().strip() == "started"
+        process.stdout.close()
+        time.sleep(delay)
+        process.kill()
+        process.wait(timeout=30)
+        if path.exists():  # absent only if the kill came before the first save
+            loaded = load_checkpoint(path, target)
+            assert np.all(loaded["weights"] == loaded["step"]) and int(loaded["step"]) >= 1
+            assert load_metadata(path) == {"task": "KillTest", "step": int(loaded["step"])}
+    assert path.exists()
+    prune_checkpoints(tmp_path, keep_last=5)  # sweeps temp files of killed writers
+    assert [p.name for p in tmp_path.iterdir()] == ["ckpt_latest.bin"]
 
 
 def test_eval_mode_runs_deterministic_episodes(trained: tuple) -> None:

@@ -8,6 +8,7 @@ the same functions with `jax.pmap` and fills in the cross-device hooks (`cross_d
 from __future__ import annotations
 
 import functools
+import importlib.metadata
 import math
 import os
 import sys
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
+import flax
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -30,7 +32,7 @@ from mujoco import mjx
 from omegaconf import OmegaConf
 
 from ksim.actuators import Actuators
-from ksim.checkpoint import load_checkpoint, save_checkpoint
+from ksim.checkpoint import METADATA_FORMAT, load_checkpoint, prune_checkpoints, save_checkpoint
 from ksim.config import (
     ConfigError,
     parse_command_line,
@@ -76,8 +78,13 @@ class RLConfig:
     save_every_n_steps: int = xax.field(100, help="Write a checkpoint every N train steps (0: only at the end).")
     eval_every_n_steps: int = xax.field(0, help="Evaluate the deterministic policy every N train steps (0: never).")
     run_dir: str = xax.field("", help="Output folder (default: runs/<task>/<timestamp>).")
-    load_from_ckpt_path: str = xax.field("", help="Checkpoint to resume training or to evaluate.")
-    mode: str = xax.field("train", help="'train' or 'eval' (eval needs load_from_ckpt_path).")
+    load_from_ckpt_path: str = xax.field("", help="Checkpoint to resume training, evaluate or export.")
+    allow_checkpoint_mismatch: bool = xax.field(
+        False, help="Load a checkpoint written by another task or observation layout (shapes must still match)."
+    )
+    keep_last_n_checkpoints: int = xax.field(5, help="Numbered checkpoints kept (0: all); ckpt_latest always stays.")
+    mode: str = xax.field("train", help="'train', 'eval' or 'export' (eval and export need load_from_ckpt_path).")
+    export_path: str = xax.field("", help="mode=export: write the deterministic policy to this .onnx file.")
     eval_episodes: int = xax.field(10, help="Episodes per evaluation (mode=eval and eval_every_n_steps).")
     video_path: str = xax.field("", help="mode=eval: write the first episode to this .mp4 or .gif.")
     compilation_cache_dir: str = xax.field(
@@ -156,6 +163,15 @@ class Transition(struct.PyTreeNode):
     episode_return: Array  # running return, final at `done`
     episode_length: Array
     reward_terms: dict[str, Array]
+
+
+def library_versions() -> dict[str, str]:
+    """Versions of ksim and the libraries a checkpoint's numbers depend on."""
+    try:
+        ksim_version = importlib.metadata.version("ksim")
+    except importlib.metadata.PackageNotFoundError:
+        ksim_version = "unknown"
+    return {"ksim": ksim_version, "jax": jax.__version__, "flax": flax.__version__, "mujoco": mujoco.__version__}
 
 
 def _unique_names(names: Sequence[str]) -> list[str]:
@@ -242,6 +258,7 @@ class RLTask(ABC, Generic[ConfigT]):
         require_positive(config, "num_envs", "batch_size", "num_passes", "rollout_length_frames", "num_steps")
         require_positive(config, "ctrl_dt", "dt", "eval_episodes", "log_every_n_steps")
         require_non_negative(config, "save_every_n_steps", "eval_every_n_steps", "watchdog_timeout_s")
+        require_non_negative(config, "keep_last_n_checkpoints")
         if (config.episode_length_s is None) == (config.episode_length_steps is None):
             raise ConfigError(
                 f"set exactly one of episode_length_s={config.episode_length_s} and "
@@ -251,9 +268,13 @@ class RLTask(ABC, Generic[ConfigT]):
         require_divisible("num_envs", config.num_envs, config.batch_size, f"batch_size={config.batch_size}")
         if not substeps_divide(config.ctrl_dt, config.dt):
             raise ConfigError(f"dt={config.dt} must divide ctrl_dt={config.ctrl_dt} into a whole number of steps")
-        require_choice(config, "mode", ("train", "eval"))
-        if config.mode == "eval" and not config.load_from_ckpt_path:
-            raise ConfigError("mode='eval' needs load_from_ckpt_path=<checkpoint file>")
+        require_choice(config, "mode", ("train", "eval", "export"))
+        if config.mode in ("eval", "export") and not config.load_from_ckpt_path:
+            raise ConfigError(f"mode={config.mode!r} needs load_from_ckpt_path=<checkpoint file>")
+        if config.mode == "export" and not config.export_path:
+            raise ConfigError("mode='export' needs export_path=<file>.onnx")
+        if config.export_path and not config.export_path.endswith(".onnx"):
+            raise ConfigError(f"export_path={config.export_path!r} must end in .onnx")
         if config.video_path and not config.video_path.endswith((".mp4", ".gif")):
             raise ConfigError(f"video_path={config.video_path!r} must end in .mp4 or .gif")
 
@@ -279,6 +300,49 @@ class RLTask(ABC, Generic[ConfigT]):
     @property
     def task_name(self) -> str:
         return type(self).__name__
+
+    def observation_layout(self) -> list[tuple[str, int]]:
+        """(name, size) of each observation component, in the order they fill the observation vector."""
+        engine = self.engine
+
+        def components() -> list[Array]:
+            data = engine.make_data(jnp.asarray(engine.default_qpos, jnp.float32), jnp.zeros(engine.mj_model.nv))
+            no_action = jnp.zeros(engine.action_dim)
+            ctx = engine.context(data, data, no_action, no_action, data.ctrl)
+            return [jnp.ravel(obs.observe(ctx)) for obs in self.observations]
+
+        names = _unique_names([obs.name for obs in self.observations])
+        return [(name, int(shape.size)) for name, shape in zip(names, jax.eval_shape(components), strict=True)]
+
+    def action_layout(self) -> dict[str, Any]:
+        """What the action vector drives: actuator names in order, the actuator type and its action scale."""
+        mj_model = self.engine.mj_model
+        names = [
+            mujoco.mj_id2name(mj_model, mujoco.mjtObj.mjOBJ_ACTUATOR, i) or f"actuator_{i}" for i in range(mj_model.nu)
+        ]
+        scale = getattr(self.actuators, "action_scale", None)
+        return {
+            "names": names,
+            "type": type(self.actuators).__name__,
+            "scale": None if scale is None else float(scale),
+        }
+
+    def checkpoint_metadata(self) -> dict[str, Any]:
+        """What a checkpoint says about its writer; loading compares the task and the layouts."""
+        return {
+            "format": METADATA_FORMAT,
+            "task": self.task_name,
+            "task_classes": [
+                cls.__name__
+                for cls in type(self).__mro__
+                if issubclass(cls, RLTask) and not cls.__module__.startswith("ksim.")
+            ],
+            "config": OmegaConf.to_yaml(OmegaConf.structured(self.config)),
+            "observations": [[name, size] for name, size in self.observation_layout()],
+            "actions": self.action_layout(),
+            "ctrl_dt": float(self.config.ctrl_dt),
+            "versions": library_versions(),
+        }
 
     # ----- cross-device hooks (identity on one device; DistributedRLTask reduces over its pmap axis) --------
 
@@ -541,13 +605,15 @@ class RLTask(ABC, Generic[ConfigT]):
         }
 
     def load_contents(self, path: str | Path) -> dict[str, Any]:
+        """A checkpoint's contents; ConfigError if another task or observation layout wrote it (see
+        allow_checkpoint_mismatch) or if its shapes differ from the model's."""
         target = {
             "shared": self.init_shared(jax.random.PRNGKey(0)),
             "rng": jax.random.PRNGKey(0),
             "step": np.asarray(0),
             "env_steps": np.asarray(0),
         }
-        return load_checkpoint(path, target)
+        return load_checkpoint(path, target, self._checkpoint_metadata, self.config.allow_checkpoint_mismatch)
 
     # ----- the training loop -----------------------------------------------------------------------------------
 
@@ -561,6 +627,8 @@ class RLTask(ABC, Generic[ConfigT]):
         return "The device program did not return; if this is a hang, the stacks below show where."
 
     def run(self) -> Any:
+        if self.config.mode == "export":
+            return self.run_export()
         return self.run_eval() if self.config.mode == "eval" else self.run_training()
 
     def run_training(self) -> TrainState:
@@ -577,10 +645,17 @@ class RLTask(ABC, Generic[ConfigT]):
 
         print(f"wrote {plot_learning_curve(run_dir, self.task_name)}", flush=True)
 
+    @functools.cached_property
+    def _checkpoint_metadata(self) -> dict[str, Any]:
+        return self.checkpoint_metadata()
+
     def save(self, run_dir: Path, state: TrainState, step: int, env_steps: int) -> Path:
+        """Writes ckpt_<step>.bin and ckpt_latest.bin, then keeps the last keep_last_n_checkpoints numbered."""
         contents = self.checkpoint_contents(state, step, env_steps)
-        path = save_checkpoint(run_dir / "checkpoints" / f"ckpt_{step:08d}.bin", contents)
-        save_checkpoint(run_dir / "checkpoints" / "ckpt_latest.bin", contents)
+        directory = run_dir / "checkpoints"
+        path = save_checkpoint(directory / f"ckpt_{step:08d}.bin", contents, self._checkpoint_metadata)
+        save_checkpoint(directory / "ckpt_latest.bin", contents, self._checkpoint_metadata)
+        prune_checkpoints(directory, self.config.keep_last_n_checkpoints)
         return path
 
     @staticmethod
@@ -644,11 +719,22 @@ class RLTask(ABC, Generic[ConfigT]):
             print(f"wrote {path}", flush=True)
         return returns
 
+    def run_export(self) -> Path:
+        """Writes the checkpoint's deterministic policy to export_path (ONNX) and a JSON beside it."""
+        from ksim.export import export_policy
+
+        contents = self.load_contents(self.config.load_from_ckpt_path)
+        onnx_path, json_path = export_policy(
+            self, contents["shared"], self.config.export_path, self.config.load_from_ckpt_path
+        )
+        print(f"wrote {onnx_path} and {json_path}", flush=True)
+        return onnx_path
+
     # ----- command line ---------------------------------------------------------------------------------------
 
     @classmethod
     def launch(cls, config: ConfigT, argv: Sequence[str] | None = None) -> Any:
-        """`python -m examples.x key=value ...`: parse overrides, validate, then train or evaluate."""
+        """`python -m examples.x key=value ...`: parse overrides, validate, then train, evaluate or export."""
         try:
             task = cls(parse_command_line(config, argv))
             return task.run()
