@@ -563,6 +563,7 @@ class RLTask(ABC, Generic[ConfigT]):
 
     def precompile(self, state: TrainState, verbose: bool = True) -> None:
         """Compiles every program the run will call before the first train step (ahead of time)."""
+        self._checkpoint_metadata  # noqa: B018 -- the observation layout is traced once, here, not at the first save
         with report_compile("train step", verbose):
             self._compiled["train_step"] = self._train_step_program.lower(state).compile()
         if self.config.eval_every_n_steps:
