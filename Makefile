@@ -1,18 +1,30 @@
 # Everything runs from the virtual environment in .venv/ at the repo root.
 PYTHON ?= python3
-VENV := .venv
+VENV ?= .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed
+# cpu (default): the JAX that runs MJX fastest on CPU, pinned by constraints-cpu.txt (README, "Supported JAX
+# versions"). latest: the newest JAX pyproject.toml allows. cuda12 / cuda13: that extra, with current JAX.
+JAX ?= cpu
+# One stamp per choice, so switching JAX re-runs pip.
+STAMP := $(VENV)/.installed-$(JAX)
 
-.PHONY: install test lint format train-cartpole clean
+ifeq ($(JAX),cpu)
+PIP_TARGET := '.[dev]' -c constraints-cpu.txt
+else ifeq ($(JAX),latest)
+PIP_TARGET := '.[dev]' --upgrade
+else
+PIP_TARGET := '.[dev,$(JAX)]'
+endif
+
+.PHONY: install test lint format train-cartpole bench-brax clean
 
 install: $(STAMP)
 
-# Re-installs only when the project's dependencies change, so a second `make install` is quick.
-$(STAMP): pyproject.toml
+# Re-installs only when the dependencies or the JAX choice change, so a second `make install` is quick.
+$(STAMP): pyproject.toml constraints-cpu.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet -e $(PIP_TARGET)
 	touch $(STAMP)
 
 test: install
@@ -29,6 +41,10 @@ format: install
 
 train-cartpole: install
 	$(BIN)/python -m examples.cartpole
+
+# ksim vs Brax on the hopper, side by side; builds Brax's own venv (benchmarks/vs_brax/.venv) on first use.
+bench-brax: install
+	$(BIN)/python -m benchmarks.vs_brax
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .mypy_cache .ruff_cache

@@ -6,6 +6,7 @@ No task logic lives here. "Replicated" arrays have a leading device axis holding
 
 from __future__ import annotations
 
+import importlib.metadata
 import math
 import os
 import re
@@ -44,6 +45,17 @@ def cpu_thread_pool_size() -> int:
     return int(configured) if configured else len(os.sched_getaffinity(0))
 
 
+def version_tuple(version: str) -> tuple[int, ...]:
+    """(0, 10, 2) for "0.10.2" or "0.10.2.dev20260101": the leading numeric parts."""
+    match = re.match(r"\d+(\.\d+)*", version)
+    return tuple(int(part) for part in match.group(0).split(".")) if match else ()
+
+
+def lapack_splits_batches(jaxlib_version: str | None = None) -> bool:
+    """Whether jaxlib splits batched LAPACK calls over the CPU pool (0.10 and later): the deadlock below."""
+    return version_tuple(jaxlib_version or importlib.metadata.version("jaxlib")) >= (0, 10)
+
+
 def avoid_cpu_lapack_deadlock() -> None:
     """Sizes the CPU thread pool above the forced device count; must run before JAX's CPU backend starts.
 
@@ -52,7 +64,7 @@ def avoid_cpu_lapack_deadlock() -> None:
     chunks and the process deadlocks. One thread more than there are devices is enough.
     """
     devices = requested_cpu_devices()
-    if devices > 1 and not _configured_pool_size():
+    if devices > 1 and not _configured_pool_size() and lapack_splits_batches():
         os.environ["PJRT_NPROC"] = str(max(len(os.sched_getaffinity(0)), devices + 1))
 
 

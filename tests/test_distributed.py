@@ -9,7 +9,7 @@ import pytest
 from helpers import DistributedCartpoleTask, cartpole_config, distributed_cartpole_config
 
 from examples.cartpole import CartpoleTask
-from ksim.distributed import put_sharded, shard_env_axis, unshard_env_axis
+from ksim.distributed import lapack_splits_batches, put_sharded, shard_env_axis, unshard_env_axis, version_tuple
 from ksim.task.distributed_rl import ReplicaDivergenceError
 from ksim.task.rl import TrainState
 
@@ -168,3 +168,9 @@ def test_debug_prints_per_device_from_inside_the_train_step(capfd: pytest.Captur
     for device in (0, 1):
         assert f"[device {device}] rollout: episodes_finished=" in out
         assert f"[device {device}] update: loss=" in out and "local_grad_norm=" in out
+
+
+def test_lapack_deadlock_guard_applies_from_jaxlib_0_10() -> None:
+    assert version_tuple("0.10.2.dev20260101") == (0, 10, 2)
+    assert not lapack_splits_batches("0.9.2")
+    assert lapack_splits_batches("0.10.0") and lapack_splits_batches("1.0")

@@ -23,6 +23,7 @@ from ksim.distributed import (
     find_divergences,
     get_device_info,
     lapack_parallel_batch_threshold,
+    lapack_splits_batches,
     make_broadcast_from_first,
     make_replica_check,
     put_sharded,
@@ -131,6 +132,7 @@ class DistributedRLTask(RLTask[DistributedConfigT]):
         """Whether this run meets jax >= 0.10's CPU LAPACK deadlock (README, "Known issue")."""
         return (
             jax.default_backend() == "cpu"
+            and lapack_splits_batches()
             and self.num_local_devices >= cpu_thread_pool_size()
             and self.envs_per_device > lapack_parallel_batch_threshold(self.engine.mj_model.nv)
         )
