@@ -1,0 +1,161 @@
+"""ksim vs Brax on the same hopper MDP, side by side: steady env-steps/s, compile time and return.
+
+    make bench-brax                                     # or: .venv/bin/python -m benchmarks.vs_brax
+    .venv/bin/python -m benchmarks.vs_brax --devices 1 --train-steps 12   # a quick look
+
+ksim runs examples/hopper.py:HopperTask in this interpreter's environment. Brax (0.14.2, MJX pipeline) runs a
+mirror of that task on the same MJCF (ksim/assets/hopper.xml) in its own virtual environment,
+benchmarks/vs_brax/.venv, which this script builds on first use from requirements.txt (git-ignored; not the
+project's .venv). Each (framework, device count) runs in a fresh process with that many forced CPU devices,
+one after the other, with the same PPO settings and env-step budget. Both count time the same way: training
+runs in `timing_chunks` equal chunks (Brax's epochs); steady env-steps/s is the median of the chunks after
+the first, and compile time is the first chunk's wall time (from building the env or task) minus what that
+chunk takes at steady speed. Env-steps per CPU-second (all threads of the process, over the same steady
+chunks) is printed too: on a shared machine it moves less with other load than wall-clock rates. The return
+is the mean over `eval_episodes` deterministic episodes after the whole budget, on both sides at the same
+env-step count.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+BRAX_VENV = HERE / ".venv"
+REQUIREMENTS = HERE / "requirements.txt"
+
+SETTINGS: dict[str, Any] = {
+    "num_envs": 256,
+    "rollout_length": 32,  # Brax's unroll_length
+    "batch_size": 32,  # envs per minibatch: 8 minibatches (Brax: batch_size 32 x num_minibatches 8)
+    "num_passes": 4,  # Brax's num_updates_per_batch
+    "learning_rate": 3e-4,
+    "gamma": 0.99,
+    "gae_lambda": 0.95,
+    "clip_eps": 0.2,  # policy and value clipping on both sides
+    "entropy_coef": 1e-3,
+    "max_grad_norm": 1.0,
+    "init_log_std": -0.5,
+    "hidden": [64, 64],  # actor and critic, tanh
+    "ctrl_dt": 0.02,
+    "dt": 0.005,
+    "episode_steps": 500,
+    "train_steps": 36,  # x 8,192 env steps = 294,912 env steps
+    "timing_chunks": 4,
+    "eval_episodes": 16,
+    "seed": 0,
+}
+
+# What the Brax env mirrors of HopperTask; the ksim worker reports the task's components and the table
+# warns when they no longer match (examples/hopper.py is being tuned).
+MIRRORED: dict[str, Any] = {
+    "min_height": 0.8,
+    "max_pitch": 0.2,
+    "reset_noise": 0.005,
+    "ctrl_cost_scale": 1e-3,
+}
+EXPECTED_COMPONENTS = repr(
+    [
+        [
+            "BaseHeight()",
+            "ProjectedGravity()",
+            "JointPosition(offset=None, joints=None)",
+            "BaseLinearVelocity(scale=1.0, world=True, clip=10.0)",
+            "BaseAngularVelocity(scale=0.1, clip=10.0)",
+            "JointVelocity(scale=0.1, joints=None, clip=10.0)",
+        ],
+        ["StayAlive(scale=1.0)", "ForwardProgress(scale=1.0, direction=(1.0, 0.0, 0.0))", "ControlCost(scale=0.001)"],
+        ["HealthyRange(min_height=0.8, max_height=inf, max_pitch=0.2)"],
+        ["RandomJointPositions(scale=0.005, joints=None)", "RandomJointVelocities(scale=0.005, joints=None)"],
+    ]
+)
+
+
+def brax_python() -> Path:
+    """Brax's interpreter, (re)building its venv when requirements.txt changed."""
+    python = BRAX_VENV / "bin" / "python"
+    digest = hashlib.sha256(REQUIREMENTS.read_bytes()).hexdigest()
+    stamp = BRAX_VENV / ".requirements-sha256"
+    if python.exists() and stamp.exists() and stamp.read_text() == digest:
+        return python
+    print(f"building Brax's virtual environment in {BRAX_VENV} ...", file=sys.stderr, flush=True)
+    subprocess.run([sys.executable, "-m", "venv", "--clear", str(BRAX_VENV)], check=True)
+    subprocess.run([str(python), "-m", "pip", "install", "--quiet", "-r", str(REQUIREMENTS)], check=True)
+    stamp.write_text(digest)
+    return python
+
+
+def run_worker(framework: str, devices: int, settings: dict[str, Any], python: Path) -> dict[str, Any]:
+    env = {key: value for key, value in os.environ.items() if key not in ("XLA_FLAGS", "PJRT_NPROC")}
+    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+    if framework == "ksim":
+        command = [str(python), "-m", "benchmarks.vs_brax.ksim_worker", json.dumps(settings)]
+    else:
+        xml = ROOT / "ksim" / "assets" / "hopper.xml"
+        command = [str(python), str(HERE / "brax_worker.py"), str(xml), json.dumps(settings | MIRRORED)]
+    result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        raise RuntimeError(f"{framework} x{devices} failed:\n{result.stderr[-3000:]}")
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    print(f"{framework} x{devices}: {report}", file=sys.stderr, flush=True)
+    return report
+
+
+def print_table(results: dict[tuple[str, int], dict[str, Any]], device_counts: list[int]) -> None:
+    ksim_jax = {results["ksim", d]["jax"] for d in device_counts}
+    brax_jax = {results["brax", d]["jax"] for d in device_counts}
+    steps = results["ksim", device_counts[0]]["env_steps"]
+    print(
+        f"\nhopper, {SETTINGS['num_envs']} envs, {steps:,} env steps; ksim on jax {', '.join(sorted(ksim_jax))}, "
+        f"brax 0.14.2 on jax {', '.join(sorted(brax_jax))}"
+    )
+    header = (
+        f"{'devices':>7} | {'ksim env-steps/s':>16} {'brax env-steps/s':>16} {'ksim/brax':>9} | "
+        f"{'ksim compile s':>14} {'brax compile s':>14} {'ksim/brax':>9} | {'ksim return':>11} {'brax return':>11} | "
+        f"{'ksim steps/cpu-s':>16} {'brax steps/cpu-s':>16} {'ksim/brax':>9}"
+    )
+    print(header)
+    print("-" * len(header))
+    for d in device_counts:
+        k, b = results["ksim", d], results["brax", d]
+        print(
+            f"{d:>7} | {k['steady_sps']:>16,.0f} {b['steady_sps']:>16,.0f} {k['steady_sps'] / b['steady_sps']:>9.2f} | "
+            f"{k['compile_s']:>14.1f} {b['compile_s']:>14.1f} {k['compile_s'] / b['compile_s']:>9.2f} | "
+            f"{k['return']:>11.1f} {b['return']:>11.1f} | "
+            f"{k['steps_per_cpu_s']:>16,.0f} {b['steps_per_cpu_s']:>16,.0f} "
+            f"{k['steps_per_cpu_s'] / b['steps_per_cpu_s']:>9.2f}"
+        )
+    if len(device_counts) > 1:
+        first, last = device_counts[0], device_counts[-1]
+        for name in ("ksim", "brax"):
+            ratio = results[name, last]["steady_sps"] / results[name, first]["steady_sps"]
+            print(f"{name}: {last} devices / {first} device steady env-steps/s = {ratio:.2f}")
+    if any(results["ksim", d]["components"] != EXPECTED_COMPONENTS for d in device_counts):
+        print("WARNING: examples/hopper.py's components changed; the Brax env no longer mirrors them.")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--devices", type=int, nargs="+", default=[1, 2], help="forced CPU device counts")
+    parser.add_argument("--train-steps", type=int, default=SETTINGS["train_steps"], help="of 8,192 env steps")
+    parser.add_argument("--brax-python", type=Path, help="an existing Brax interpreter instead of .venv's")
+    args = parser.parse_args()
+    settings = SETTINGS | {"train_steps": args.train_steps}
+    brax = args.brax_python or brax_python()
+    results = {}
+    for devices in args.devices:
+        for framework, python in (("ksim", Path(sys.executable)), ("brax", brax)):
+            results[framework, devices] = run_worker(framework, devices, settings, python)
+    print_table(results, args.devices)
+
+
+if __name__ == "__main__":
+    main()

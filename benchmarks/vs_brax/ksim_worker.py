@@ -1,0 +1,81 @@
+"""ksim side of benchmarks/vs_brax: examples/hopper.py:HopperTask with the shared settings.
+
+python -m benchmarks.vs_brax.ksim_worker SETTINGS_JSON   # prints one JSON line
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import statistics
+import sys
+import time
+from typing import Any
+
+import ksim  # noqa: F401  (sizes the CPU thread pool before JAX starts)
+
+
+def components(task: Any) -> str:
+    """The task's components, to check that the Brax env still mirrors them."""
+    parts = (task.get_observations(), task.get_rewards(), task.get_terminations(), task.get_resets())
+    return repr([[repr(item) for item in part] for part in parts])
+
+
+def main() -> None:
+    import jax
+
+    from examples.hopper import DEFAULT_CONFIG, HopperTask
+
+    settings = json.loads(sys.argv[1])
+    config = dataclasses.replace(
+        DEFAULT_CONFIG,
+        num_envs=settings["num_envs"],
+        batch_size=settings["batch_size"],
+        num_passes=settings["num_passes"],
+        rollout_length_frames=settings["rollout_length"],
+        ctrl_dt=settings["ctrl_dt"],
+        dt=settings["dt"],
+        episode_length_s=settings["episode_steps"] * settings["ctrl_dt"],
+        num_steps=settings["train_steps"],
+        learning_rate=settings["learning_rate"],
+        gamma=settings["gamma"],
+        gae_lambda=settings["gae_lambda"],
+        clip_eps=settings["clip_eps"],
+        value_clip_eps=settings["clip_eps"],
+        entropy_coef=settings["entropy_coef"],
+        max_grad_norm=settings["max_grad_norm"],
+        init_log_std=settings["init_log_std"],
+        actor_hidden=list(settings["hidden"]),
+        critic_hidden=list(settings["hidden"]),
+        seed=settings["seed"],
+    )
+    start = time.perf_counter()
+    task = HopperTask(config)
+    state = task.init_train_state()
+    chunk = settings["train_steps"] // settings["timing_chunks"]
+    marks, cpu_marks = [], []
+    for _ in range(settings["timing_chunks"]):  # like Brax's epochs: the first includes compilation
+        for _ in range(chunk):
+            state, metrics = task.train_step(state)
+        jax.block_until_ready(metrics)
+        marks.append(time.perf_counter())
+        cpu_marks.append(time.process_time())
+    steps_per_chunk = chunk * task.env_steps_per_train_step
+    steady = statistics.median(steps_per_chunk / (b - a) for a, b in itertools.pairwise(marks))
+    returns, _, _ = task.evaluate(task.fetch_replicated(state.shared), settings["eval_episodes"], settings["seed"] + 1)
+    result = {
+        "steady_sps": steady,
+        "compile_s": marks[0] - start - steps_per_chunk / steady,
+        "steps_per_cpu_s": steps_per_chunk * (len(marks) - 1) / (cpu_marks[-1] - cpu_marks[0]),
+        "return": float(returns.mean()),
+        "env_steps": settings["train_steps"] * task.env_steps_per_train_step,
+        "jax": jax.__version__,
+        "devices": task.num_devices,
+        "components": components(task),
+    }
+    print(json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    main()
