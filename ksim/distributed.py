@@ -68,6 +68,24 @@ def avoid_cpu_lapack_deadlock() -> None:
         os.environ["PJRT_NPROC"] = str(max(len(os.sched_getaffinity(0)), devices + 1))
 
 
+YNN_FUSION_FLAG = "--xla_cpu_experimental_ynn_fusion_type"
+
+
+def keep_small_dots_off_ynnpack(jaxlib_version: str | None = None) -> None:
+    """Turns XLA:CPU's YNNPACK fusions off (jaxlib >= 0.10.1) unless XLA_FLAGS already sets them; before JAX starts.
+
+    From jaxlib 0.10.1 XLA:CPU hands batched dots and transposes to YNNPACK, whose packing and scheduling cost
+    more than the work for MJX's tiny per-env matrices (6x6 in the hopper's solver loop): about a third of
+    the CPU time went there (README, "Supported JAX versions"). Without them XLA emits those ops itself, as
+    jaxlib 0.10.0 and 0.9.2 did.
+    """
+    if version_tuple(jaxlib_version or importlib.metadata.version("jaxlib")) < (0, 10, 1):
+        return
+    flags = os.environ.get("XLA_FLAGS", "")
+    if YNN_FUSION_FLAG not in flags:
+        os.environ["XLA_FLAGS"] = f"{flags} {YNN_FUSION_FLAG}=".strip()
+
+
 def lapack_parallel_batch_threshold(nv: int) -> int:
     """Batch size above which jaxlib 0.10 splits an (nv x nv) Cholesky over the thread pool."""
     return math.ceil(200_000 / max(nv**3 // 3, 1))

@@ -1,5 +1,6 @@
 """DistributedPPOTask on forced CPU devices: equivalence with one device, replica checks, local SGD."""
 
+import os
 import warnings
 from pathlib import Path
 
@@ -9,7 +10,14 @@ import pytest
 from helpers import DistributedCartpoleTask, cartpole_config, distributed_cartpole_config
 
 from examples.cartpole import CartpoleTask
-from ksim.distributed import lapack_splits_batches, put_sharded, shard_env_axis, unshard_env_axis, version_tuple
+from ksim.distributed import (
+    keep_small_dots_off_ynnpack,
+    lapack_splits_batches,
+    put_sharded,
+    shard_env_axis,
+    unshard_env_axis,
+    version_tuple,
+)
 from ksim.task.distributed_rl import ReplicaDivergenceError
 from ksim.task.rl import TrainState
 
@@ -174,3 +182,17 @@ def test_lapack_deadlock_guard_applies_from_jaxlib_0_10() -> None:
     assert version_tuple("0.10.2.dev20260101") == (0, 10, 2)
     assert not lapack_splits_batches("0.9.2")
     assert lapack_splits_batches("0.10.0") and lapack_splits_batches("1.0")
+
+
+def test_ynnpack_fusions_are_turned_off_from_jaxlib_0_10_1(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=2")
+    keep_small_dots_off_ynnpack("0.10.0")
+    assert os.environ["XLA_FLAGS"] == "--xla_force_host_platform_device_count=2"
+    keep_small_dots_off_ynnpack("0.10.2")
+    assert os.environ["XLA_FLAGS"].split() == [
+        "--xla_force_host_platform_device_count=2",
+        "--xla_cpu_experimental_ynn_fusion_type=",
+    ]
+    monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_experimental_ynn_fusion_type=dot")  # a user's own choice stays
+    keep_small_dots_off_ynnpack("0.10.2")
+    assert os.environ["XLA_FLAGS"] == "--xla_cpu_experimental_ynn_fusion_type=dot"
