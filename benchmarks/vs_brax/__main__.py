@@ -9,9 +9,10 @@ benchmarks/vs_brax/.venv, which this script builds on first use from requirement
 project's .venv). Each (framework, device count) runs in a fresh process with that many forced CPU devices,
 one after the other, with the same PPO settings and env-step budget. Both count time the same way: training
 runs in `timing_chunks` equal chunks (Brax's epochs); steady env-steps/s is the median of the chunks after
-the first, and compile time is the first chunk's wall time (from building the env or task) minus what that
-chunk takes at steady speed. Env-steps per CPU-second (all threads of the process, over the same steady
-chunks) is printed too: on a shared machine it moves less with other load than wall-clock rates. The return
+the first, and compile time is the whole training's wall time (from building the env or task) minus what its
+env steps take at steady speed (Brax compiles part of its loop after the first epoch). Env-steps per
+CPU-second (all threads of the process, median over the chunks after the first) is printed too: on a shared
+machine it moves less with other load than wall-clock rates. The return
 is the mean over `eval_episodes` deterministic episodes after the whole budget, on both sides at the same
 env-step count.
 """
@@ -147,13 +148,20 @@ def main() -> None:
     parser.add_argument("--devices", type=int, nargs="+", default=[1, 2], help="forced CPU device counts")
     parser.add_argument("--train-steps", type=int, default=SETTINGS["train_steps"], help="of 8,192 env steps")
     parser.add_argument("--brax-python", type=Path, help="an existing Brax interpreter instead of .venv's")
+    parser.add_argument("--results", type=Path, help="JSON file of finished runs: reused, and extended as runs end")
     args = parser.parse_args()
     settings = SETTINGS | {"train_steps": args.train_steps}
     brax = args.brax_python or brax_python()
+    saved = json.loads(args.results.read_text()) if args.results and args.results.exists() else {}
     results = {}
     for devices in args.devices:
         for framework, python in (("ksim", Path(sys.executable)), ("brax", brax)):
-            results[framework, devices] = run_worker(framework, devices, settings, python)
+            key = f"{framework} x{devices}"
+            if key not in saved:
+                saved[key] = run_worker(framework, devices, settings, python)
+                if args.results:
+                    args.results.write_text(json.dumps(saved, indent=1))
+            results[framework, devices] = saved[key]
     print_table(results, args.devices)
 
 

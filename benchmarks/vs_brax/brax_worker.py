@@ -9,6 +9,7 @@ reset noise are written out here with the formulas of ksim's components (see MIR
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 import math
 import statistics
@@ -172,12 +173,12 @@ def main() -> None:
     )
     steps_per_epoch = settings["train_steps"] // epochs * steps_per_train_step
     steady = statistics.median(float(m["training/sps"]) for _, _, m in marks[1:])
-    compile_s = marks[0][0] - start - steps_per_epoch / steady
-    steady_cpu_s = marks[-1][1] - marks[0][1]
+    compile_s = marks[-1][0] - start - len(marks) * steps_per_epoch / steady  # Brax compiles some of it lazily
+    cpu_per_epoch = statistics.median(b[1] - a[1] for a, b in itertools.pairwise(marks))
     result = {
         "steady_sps": steady,
         "compile_s": compile_s,
-        "steps_per_cpu_s": steps_per_epoch * (len(marks) - 1) / steady_cpu_s,
+        "steps_per_cpu_s": steps_per_epoch / cpu_per_epoch,
         "return": evaluate(env, make_policy(params, deterministic=True), settings),
         "env_steps": settings["train_steps"] * steps_per_train_step,
         "jax": jax.__version__,

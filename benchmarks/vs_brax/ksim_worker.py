@@ -63,11 +63,12 @@ def main() -> None:
         cpu_marks.append(time.process_time())
     steps_per_chunk = chunk * task.env_steps_per_train_step
     steady = statistics.median(steps_per_chunk / (b - a) for a, b in itertools.pairwise(marks))
+    cpu_per_chunk = statistics.median(b - a for a, b in itertools.pairwise(cpu_marks))
     returns, _, _ = task.evaluate(task.fetch_replicated(state.shared), settings["eval_episodes"], settings["seed"] + 1)
     result = {
         "steady_sps": steady,
-        "compile_s": marks[0] - start - steps_per_chunk / steady,
-        "steps_per_cpu_s": steps_per_chunk * (len(marks) - 1) / (cpu_marks[-1] - cpu_marks[0]),
+        "compile_s": marks[-1] - start - len(marks) * steps_per_chunk / steady,
+        "steps_per_cpu_s": steps_per_chunk / cpu_per_chunk,
         "return": float(returns.mean()),
         "env_steps": settings["train_steps"] * task.env_steps_per_train_step,
         "jax": jax.__version__,
