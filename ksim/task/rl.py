@@ -31,8 +31,9 @@ from flax import struct
 from mujoco import mjx
 from omegaconf import OmegaConf
 
-from ksim.actuators import Actuators
+from ksim.actuators import Actuators, delay_action
 from ksim.checkpoint import METADATA_FORMAT, load_checkpoint, prune_checkpoints, save_checkpoint
+from ksim.commands import Command, advance_command, check_command_users, start_command
 from ksim.config import (
     ConfigError,
     parse_command_line,
@@ -42,8 +43,10 @@ from ksim.config import (
     require_positive,
 )
 from ksim.engine import PhysicsEngine, StepContext, check_components, substeps_divide
+from ksim.events import Event, run_events, start_event_timers
 from ksim.normalization import Normalizer
-from ksim.observations import Observation
+from ksim.observations import Observation, add_noise, check_noise, noise_scales
+from ksim.randomization import Randomization, Randomized, check_randomizations, sample_randomizations
 from ksim.reporting import SCALARS_FILE, MetricsLogger
 from ksim.resets import Reset
 from ksim.rewards import Reward
@@ -95,6 +98,8 @@ class RLConfig:
         600.0,
         help="Abort with a diagnosis if one train step runs longer than this, compile excluded (0: off).",
     )
+    action_delay_steps: int = xax.field(0, help="The action applied is the one chosen this many control steps ago.")
+    eval_observation_noise: bool = xax.field(False, help="Also add the observations' noise in evaluation.")
 
 
 ConfigT = TypeVar("ConfigT", bound=RLConfig)
@@ -104,11 +109,16 @@ class Episode(struct.PyTreeNode):
     """One env's running episode (or a batch with a leading env axis)."""
 
     data: mjx.Data
-    obs: Array
+    obs: Array  # without observation noise (the policy's input gets it in step_env)
     last_action: Array
     episode_return: Array
     episode_length: Array
     rng: Array
+    randomized: Randomized  # this episode's model fields and PD-gain scales (empty dicts: none)
+    command: Array  # (command size,)
+    command_timer: Array  # control steps until the command is redrawn
+    event_timers: Array  # (num events,) control steps until each event
+    action_queue: Array  # (action_delay_steps, action_dim) chosen actions not yet applied, oldest first
 
 
 class EnvState(struct.PyTreeNode):
@@ -199,8 +209,19 @@ class RLTask(ABC, Generic[ConfigT]):
         self.rewards = tuple(self.get_rewards())
         self.terminations = tuple(self.get_terminations())
         self.resets = tuple(self.get_resets())
-        check_components(self.engine.layout, (*self.observations, *self.rewards, *self.terminations, *self.resets))
+        self.randomizations = tuple(self.get_randomizations())
+        self.command = self.get_command()
+        self.events = tuple(self.get_events())
+        commands = () if self.command is None else (self.command,)
+        check_components(
+            self.engine.layout,
+            (*self.observations, *self.rewards, *self.terminations, *self.resets, *self.randomizations, *commands),
+        )
+        check_components(self.engine.layout, self.events)
+        check_command_users(self.command, (*self.observations, *self.rewards))
+        check_noise(self.observations)
         self.actuators = self.get_actuators()
+        check_randomizations(self.randomizations, self.actuators)
         self.reward_names = _unique_names([reward.name for reward in self.rewards])
         self.model = self.get_model()
         self.optimizer = self.get_optimizer()
@@ -232,6 +253,18 @@ class RLTask(ABC, Generic[ConfigT]):
     def get_resets(self) -> Sequence[Reset]:
         return ()
 
+    def get_randomizations(self) -> Sequence[Randomization]:
+        """Physical parameters drawn per env at every episode start (ksim.randomization)."""
+        return ()
+
+    def get_command(self) -> Command | None:
+        """What the policy is asked to do (ksim.commands); `ctx.command` is empty without one."""
+        return None
+
+    def get_events(self) -> Sequence[Event]:
+        """Things that happen during episodes, such as pushes (ksim.events)."""
+        return ()
+
     @abstractmethod
     def get_actuators(self) -> Actuators:
         """Built from `self.engine.mj_model` (and `self.engine.default_qpos` for PD control)."""
@@ -258,7 +291,7 @@ class RLTask(ABC, Generic[ConfigT]):
         require_positive(config, "num_envs", "batch_size", "num_passes", "rollout_length_frames", "num_steps")
         require_positive(config, "ctrl_dt", "dt", "eval_episodes", "log_every_n_steps")
         require_non_negative(config, "save_every_n_steps", "eval_every_n_steps", "watchdog_timeout_s")
-        require_non_negative(config, "keep_last_n_checkpoints")
+        require_non_negative(config, "keep_last_n_checkpoints", "action_delay_steps")
         if (config.episode_length_s is None) == (config.episode_length_steps is None):
             raise ConfigError(
                 f"set exactly one of episode_length_s={config.episode_length_s} and "
@@ -308,7 +341,8 @@ class RLTask(ABC, Generic[ConfigT]):
         def components() -> list[Array]:
             data = engine.make_data(jnp.asarray(engine.default_qpos, jnp.float32), jnp.zeros(engine.mj_model.nv))
             no_action = jnp.zeros(engine.action_dim)
-            ctx = engine.context(data, data, no_action, no_action, data.ctrl)
+            command = jnp.zeros(0 if self.command is None else self.command.size)
+            ctx = engine.context(data, data, no_action, no_action, data.ctrl, command)
             return [jnp.ravel(obs.observe(ctx)) for obs in self.observations]
 
         names = _unique_names([obs.name for obs in self.observations])
@@ -388,17 +422,29 @@ class RLTask(ABC, Generic[ConfigT]):
     def observe(self, ctx: StepContext) -> Array:
         return jnp.concatenate([jnp.ravel(obs.observe(ctx)) for obs in self.observations])
 
+    @functools.cached_property
+    def noise_scales(self) -> tuple[np.ndarray, np.ndarray]:
+        return noise_scales(self.observations, [size for _, size in self.observation_layout()])
+
+    def noisy_observations(self, deterministic: bool) -> bool:
+        """Noise goes into training rollouts; into evaluation only with eval_observation_noise."""
+        has_noise = any(obs.noise > 0 for obs in self.observations)
+        return has_noise and (not deterministic or self.config.eval_observation_noise)
+
     def start_episode(self, rng: Array) -> Episode:
-        """A new episode of one env: default pose perturbed by the task's resets."""
-        engine = self.engine
+        """A new episode of one env: default pose perturbed by the task's resets, model randomized, a command."""
+        engine, ctrl_dt = self.engine, self.config.ctrl_dt
+        randomize_key, command_key, event_key = jax.random.split(jax.random.fold_in(rng, 1), 3)
         rng, *reset_keys = jax.random.split(rng, len(self.resets) + 1)
         qpos = jnp.asarray(engine.default_qpos, dtype=jnp.float32)
         qvel = jnp.zeros(engine.mj_model.nv)
         for reset, key in zip(self.resets, reset_keys, strict=True):
             qpos, qvel = reset.apply(qpos, qvel, engine.layout, key)
-        data = engine.make_data(qpos, qvel)
+        randomized = sample_randomizations(self.randomizations, engine.mjx_model, engine.layout, randomize_key)
+        data = engine.make_data(qpos, qvel, randomized.model_fields)
         no_action = jnp.zeros(engine.action_dim)
-        obs = self.observe(engine.context(data, data, no_action, no_action, data.ctrl))
+        command, command_timer = start_command(self.command, command_key, ctrl_dt)
+        obs = self.observe(engine.context(data, data, no_action, no_action, data.ctrl, command))
         return Episode(
             data=data,
             obs=obs,
@@ -406,26 +452,57 @@ class RLTask(ABC, Generic[ConfigT]):
             episode_return=jnp.zeros(()),
             episode_length=jnp.zeros((), jnp.int32),
             rng=rng,
+            randomized=randomized,
+            command=command,
+            command_timer=command_timer,
+            event_timers=start_event_timers(self.events, event_key, ctrl_dt),
+            action_queue=jnp.zeros((self.config.action_delay_steps, engine.action_dim)),
         )
 
     def step_env(
         self, shared: SharedState, episode: Episode, deterministic: bool = False
     ) -> tuple[Episode, Transition]:
         """One control step of one env's episode (no reset: the rollout swaps in the next start)."""
+        engine, ctrl_dt = self.engine, self.config.ctrl_dt
         rng, action_key = jax.random.split(episode.rng)
-        action = self.sample_action(shared, episode.obs, action_key, deterministic)
-        data, ctrl = self.engine.step(episode.data, lambda data: self.actuators.ctrl(action, data))
-        ctx = self.engine.context(data, episode.data, action, episode.last_action, ctrl)
+        noise_key, event_key, command_key = jax.random.split(jax.random.fold_in(action_key, 1), 3)
+        obs = (
+            add_noise(episode.obs, self.noise_scales, noise_key)
+            if self.noisy_observations(deterministic)
+            else episode.obs
+        )
+        action = self.sample_action(shared, obs, action_key, deterministic)
+        applied, action_queue = delay_action(episode.action_queue, action)
+        data, event_timers = run_events(
+            self.events, episode.data, episode.event_timers, engine.layout, event_key, ctrl_dt
+        )
+        gain_scales, fields = episode.randomized.gain_scales, episode.randomized.model_fields
+        data, ctrl = engine.step(data, lambda data: self.actuators.ctrl(applied, data, gain_scales), fields)
+        ctx = engine.context(data, episode.data, action, episode.last_action, ctrl, episode.command)
         diverged = physics_diverged(ctx)
-        next_obs = jnp.where(diverged, 0.0, self.observe(ctx))
+        command, command_timer = advance_command(
+            self.command, episode.command, episode.command_timer, command_key, ctrl_dt
+        )
+        next_obs = jnp.where(diverged, 0.0, self.observe(ctx.replace(command=command)))
         reward_terms = {name: reward(ctx) for name, reward in zip(self.reward_names, self.rewards, strict=True)}
         reward = jnp.where(diverged, 0.0, sum(reward_terms.values(), jnp.zeros(())))
         terminated = functools.reduce(jnp.logical_or, (t.terminated(ctx) for t in self.terminations), diverged)
         episode_length = episode.episode_length + 1
         truncated = (episode_length >= self.max_episode_steps) & ~terminated
         episode_return = episode.episode_return + reward
-        stepped = Episode(data, next_obs, action, episode_return, episode_length, rng)
-        trajectory = Trajectory(episode.obs, next_obs, action, reward, terminated, truncated)
+        stepped = episode.replace(
+            data=data,
+            obs=next_obs,
+            last_action=action,
+            episode_return=episode_return,
+            episode_length=episode_length,
+            rng=rng,
+            command=command,
+            command_timer=command_timer,
+            event_timers=event_timers,
+            action_queue=action_queue,
+        )
+        trajectory = Trajectory(obs, next_obs, action, reward, terminated, truncated)
         return stepped, Transition(trajectory, episode_return, episode_length, reward_terms)
 
     # ----- per-shard programs (leading env axis = this shard's envs) -----------------------------------------
