@@ -8,7 +8,6 @@ the same functions with `jax.pmap` and fills in the cross-device hooks (`cross_d
 from __future__ import annotations
 
 import functools
-import importlib.metadata
 import math
 import os
 import sys
@@ -19,7 +18,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
-import flax
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -32,7 +30,6 @@ from mujoco import mjx
 from omegaconf import OmegaConf
 
 from ksim.actuators import Actuators
-from ksim.checkpoint import METADATA_FORMAT, load_checkpoint, prune_checkpoints, save_checkpoint
 from ksim.config import (
     ConfigError,
     parse_command_line,
@@ -44,10 +41,11 @@ from ksim.config import (
 from ksim.engine import PhysicsEngine, StepContext, check_components, substeps_divide
 from ksim.normalization import Normalizer
 from ksim.observations import Observation
-from ksim.reporting import SCALARS_FILE, MetricsLogger
+from ksim.reporting import SCALARS_FILE, MetricsLogger, unique_names
 from ksim.resets import Reset
 from ksim.rewards import Reward
-from ksim.task.evaluation import first_episode, make_eval_program
+from ksim.task.checkpointing import CheckpointMixin
+from ksim.task.evaluation import EvaluationMixin
 from ksim.task.loop import report_compile, run_training
 from ksim.terminations import Termination, physics_diverged
 
@@ -165,20 +163,6 @@ class Transition(struct.PyTreeNode):
     reward_terms: dict[str, Array]
 
 
-def library_versions() -> dict[str, str]:
-    """Versions of ksim and the libraries a checkpoint's numbers depend on."""
-    try:
-        ksim_version = importlib.metadata.version("ksim")
-    except importlib.metadata.PackageNotFoundError:
-        ksim_version = "unknown"
-    return {"ksim": ksim_version, "jax": jax.__version__, "flax": flax.__version__, "mujoco": mujoco.__version__}
-
-
-def _unique_names(names: Sequence[str]) -> list[str]:
-    """Appends an index to repeated component names so each one is logged on its own."""
-    return [name if names.count(name) == 1 else f"{name}_{names[:i].count(name)}" for i, name in enumerate(names)]
-
-
 def select_envs(mask: Array, if_true: Any, if_false: Any) -> Any:
     """Per env (leading axis), the leaves of `if_true` where `mask` holds, else those of `if_false`."""
 
@@ -188,8 +172,10 @@ def select_envs(mask: Array, if_true: Any, if_false: Any) -> Any:
     return jax.tree.map(pick, if_true, if_false)
 
 
-class RLTask(ABC, Generic[ConfigT]):
+class RLTask(CheckpointMixin, EvaluationMixin, ABC, Generic[ConfigT]):
     """An RL task on MJX: subclass it with a robot model and components, and an algorithm (PPOTask)."""
+
+    config: ConfigT
 
     def __init__(self, config: ConfigT) -> None:
         self.config = config
@@ -201,7 +187,7 @@ class RLTask(ABC, Generic[ConfigT]):
         self.resets = tuple(self.get_resets())
         check_components(self.engine.layout, (*self.observations, *self.rewards, *self.terminations, *self.resets))
         self.actuators = self.get_actuators()
-        self.reward_names = _unique_names([reward.name for reward in self.rewards])
+        self.reward_names = unique_names([reward.name for reward in self.rewards])
         self.model = self.get_model()
         self.optimizer = self.get_optimizer()
         self._compiled: dict[str, Program] = {}
@@ -300,49 +286,6 @@ class RLTask(ABC, Generic[ConfigT]):
     @property
     def task_name(self) -> str:
         return type(self).__name__
-
-    def observation_layout(self) -> list[tuple[str, int]]:
-        """(name, size) of each observation component, in the order they fill the observation vector."""
-        engine = self.engine
-
-        def components() -> list[Array]:
-            data = engine.make_data(jnp.asarray(engine.default_qpos, jnp.float32), jnp.zeros(engine.mj_model.nv))
-            no_action = jnp.zeros(engine.action_dim)
-            ctx = engine.context(data, data, no_action, no_action, data.ctrl)
-            return [jnp.ravel(obs.observe(ctx)) for obs in self.observations]
-
-        names = _unique_names([obs.name for obs in self.observations])
-        return [(name, int(shape.size)) for name, shape in zip(names, jax.eval_shape(components), strict=True)]
-
-    def action_layout(self) -> dict[str, Any]:
-        """What the action vector drives: actuator names in order, the actuator type and its action scale."""
-        mj_model = self.engine.mj_model
-        names = [
-            mujoco.mj_id2name(mj_model, mujoco.mjtObj.mjOBJ_ACTUATOR, i) or f"actuator_{i}" for i in range(mj_model.nu)
-        ]
-        scale = getattr(self.actuators, "action_scale", None)
-        return {
-            "names": names,
-            "type": type(self.actuators).__name__,
-            "scale": None if scale is None else float(scale),
-        }
-
-    def checkpoint_metadata(self) -> dict[str, Any]:
-        """What a checkpoint says about its writer; loading compares the task and the layouts."""
-        return {
-            "format": METADATA_FORMAT,
-            "task": self.task_name,
-            "task_classes": [
-                cls.__name__
-                for cls in type(self).__mro__
-                if issubclass(cls, RLTask) and not cls.__module__.startswith("ksim.")
-            ],
-            "config": OmegaConf.to_yaml(OmegaConf.structured(self.config)),
-            "observations": [[name, size] for name, size in self.observation_layout()],
-            "actions": self.action_layout(),
-            "ctrl_dt": float(self.config.ctrl_dt),
-            "versions": library_versions(),
-        }
 
     # ----- cross-device hooks (identity on one device; DistributedRLTask reduces over its pmap axis) --------
 
@@ -596,26 +539,6 @@ class RLTask(ABC, Generic[ConfigT]):
         env = self._reset_program(self.place_env_keys(env_key))
         return TrainState(shared=self.place_replicated(shared), env=env, rng=self.place_replicated(rng))
 
-    def checkpoint_contents(self, state: TrainState, step: int, env_steps: int) -> dict[str, Any]:
-        """What a checkpoint holds: shared state, update RNG and counters (envs restart on resume)."""
-        return {
-            "shared": self.fetch_replicated(state.shared),
-            "rng": self.fetch_replicated(state.rng),
-            "step": np.asarray(step),
-            "env_steps": np.asarray(env_steps),
-        }
-
-    def load_contents(self, path: str | Path) -> dict[str, Any]:
-        """A checkpoint's contents; ConfigError if another task or observation layout wrote it (see
-        allow_checkpoint_mismatch) or if its shapes differ from the model's."""
-        target = {
-            "shared": self.init_shared(jax.random.PRNGKey(0)),
-            "rng": jax.random.PRNGKey(0),
-            "step": np.asarray(0),
-            "env_steps": np.asarray(0),
-        }
-        return load_checkpoint(path, target, self._checkpoint_metadata, self.config.allow_checkpoint_mismatch)
-
     # ----- the training loop -----------------------------------------------------------------------------------
 
     def make_run_dir(self) -> Path:
@@ -646,19 +569,6 @@ class RLTask(ABC, Generic[ConfigT]):
 
         print(f"wrote {plot_learning_curve(run_dir, self.task_name)}", flush=True)
 
-    @functools.cached_property
-    def _checkpoint_metadata(self) -> dict[str, Any]:
-        return self.checkpoint_metadata()
-
-    def save(self, run_dir: Path, state: TrainState, step: int, env_steps: int) -> Path:
-        """Writes ckpt_<step>.bin and ckpt_latest.bin, then keeps the last keep_last_n_checkpoints numbered."""
-        contents = self.checkpoint_contents(state, step, env_steps)
-        directory = run_dir / "checkpoints"
-        path = save_checkpoint(directory / f"ckpt_{step:08d}.bin", contents, self._checkpoint_metadata)
-        save_checkpoint(directory / "ckpt_latest.bin", contents, self._checkpoint_metadata)
-        prune_checkpoints(directory, self.config.keep_last_n_checkpoints)
-        return path
-
     @staticmethod
     def scalars(window: list[dict[str, Any]]) -> dict[str, float]:
         """Host metrics of the steps since the last log line: episode sums become means over the episodes
@@ -672,64 +582,6 @@ class RLTask(ABC, Generic[ConfigT]):
         scalars["episode_return"] = return_sum / finished if finished else math.nan
         scalars["episode_length"] = length_sum / finished if finished else math.nan
         return scalars
-
-    # ----- evaluation -------------------------------------------------------------------------------------------
-
-    @functools.cached_property
-    def _eval_program(self) -> Program:
-        return make_eval_program(self)
-
-    def eval_inputs(self, shared: SharedState, num_episodes: int | None = None, seed: int | None = None) -> tuple:
-        """(shared state on this process's first device, env keys) for the evaluation program; `shared` is a host
-        copy (unreplicated)."""
-        num_episodes = self.config.eval_episodes if num_episodes is None else num_episodes
-        seed = self.config.seed if seed is None else seed
-        keys = jax.random.split(jax.random.PRNGKey(seed), num_episodes)
-        return jax.device_put(shared, jax.local_devices()[0]), keys
-
-    def evaluate(
-        self, shared: SharedState, num_episodes: int | None = None, seed: int | None = None
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Deterministic episodes from fresh envs: returns, lengths, and env 0's qpos per control step."""
-        inputs = self.eval_inputs(shared, num_episodes, seed)
-        precompiled_shape = num_episodes in (None, self.config.eval_episodes)
-        program = self.program("eval", self._eval_program) if precompiled_shape else self._eval_program
-        returns, lengths, qpos, _ = jax.device_get(program(*inputs))
-        return returns, lengths, first_episode(qpos, lengths)
-
-    def eval_due(self, step: int) -> bool:
-        every = self.config.eval_every_n_steps
-        return every > 0 and (step % every == 0 or step == self.config.num_steps)
-
-    def eval_scalars(self, state: TrainState) -> dict[str, float]:
-        returns, lengths, _ = self.evaluate(self.fetch_replicated(state.shared))
-        return {"eval/return": float(np.mean(returns)), "eval/length": float(np.mean(lengths))}
-
-    def run_eval(self) -> np.ndarray:
-        contents = self.load_contents(self.config.load_from_ckpt_path)
-        returns, _, qpos = self.evaluate(contents["shared"], self.config.eval_episodes, self.config.seed)
-        print(
-            f"{self.task_name}: {len(returns)} episodes, mean return {returns.mean():.4g} "
-            f"(std {returns.std():.3g}, min {returns.min():.4g}, max {returns.max():.4g})",
-            flush=True,
-        )
-        if self.config.video_path:
-            from ksim.render import write_video
-
-            path = write_video(self.engine.mj_model, qpos, self.config.ctrl_dt, self.config.video_path)
-            print(f"wrote {path}", flush=True)
-        return returns
-
-    def run_export(self) -> Path:
-        """Writes the checkpoint's deterministic policy to export_path (ONNX) and a JSON beside it."""
-        from ksim.export import export_policy
-
-        contents = self.load_contents(self.config.load_from_ckpt_path)
-        onnx_path, json_path = export_policy(
-            self, contents["shared"], self.config.export_path, self.config.load_from_ckpt_path
-        )
-        print(f"wrote {onnx_path} and {json_path}", flush=True)
-        return onnx_path
 
     # ----- command line ---------------------------------------------------------------------------------------
 
