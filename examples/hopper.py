@@ -41,7 +41,7 @@ class HopperTask(DistributedPPOTask[HopperConfig]):
         ]
 
     def get_rewards(self) -> Sequence[rew.Reward]:
-        return [rew.StayAlive(scale=1.0), rew.ForwardProgress(scale=1.0), rew.ControlCost(scale=1e-3)]
+        return [rew.StayAlive(scale=1.0), rew.ForwardProgress(scale=1.0), rew.ControlCost(scale=-1e-3)]
 
     def get_terminations(self) -> Sequence[term.Termination]:
         return [term.HealthyRange(min_height=0.8, max_pitch=0.2)]
