@@ -118,6 +118,7 @@ class EvaluationMixin:
         if self.config.video_path:
             from ksim.render import write_video
 
-            path = write_video(self.engine.mj_model, qpos, self.config.ctrl_dt, self.config.video_path)
+            size = (self.config.video_width, self.config.video_height)
+            path = write_video(self.engine.mj_model, qpos, self.config.ctrl_dt, self.config.video_path, size)
             print(f"wrote {path}", flush=True)
         return returns

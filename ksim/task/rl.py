@@ -85,6 +85,8 @@ class RLConfig:
     export_path: str = xax.field("", help="mode=export: write the deterministic policy to this .onnx file.")
     eval_episodes: int = xax.field(10, help="Episodes per evaluation (mode=eval and eval_every_n_steps).")
     video_path: str = xax.field("", help="mode=eval: write the first episode to this .mp4 or .gif.")
+    video_width: int = xax.field(640, help="Video frame width in pixels (at most the model's offscreen width).")
+    video_height: int = xax.field(480, help="Video frame height in pixels (at most the model's offscreen height).")
     compilation_cache_dir: str = xax.field(
         os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "ksim", "jax"),
         help="Persistent XLA compilation cache folder (empty: off). A second start of a run skips compiling.",
@@ -242,7 +244,7 @@ class RLTask(CheckpointMixin, EvaluationMixin, ABC, Generic[ConfigT]):
         """Raises ConfigError naming the setting and the rule; runs before anything is built or compiled."""
         config = self.config
         require_positive(config, "num_envs", "batch_size", "num_passes", "rollout_length_frames", "num_steps")
-        require_positive(config, "ctrl_dt", "dt", "eval_episodes", "log_every_n_steps")
+        require_positive(config, "ctrl_dt", "dt", "eval_episodes", "log_every_n_steps", "video_width", "video_height")
         require_non_negative(config, "save_every_n_steps", "eval_every_n_steps", "watchdog_timeout_s")
         require_non_negative(config, "keep_last_n_checkpoints")
         if (config.episode_length_s is None) == (config.episode_length_steps is None):
