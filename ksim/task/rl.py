@@ -8,7 +8,6 @@ the same functions with `jax.pmap` and fills in the cross-device hooks (`cross_d
 from __future__ import annotations
 
 import functools
-import importlib.metadata
 import math
 import os
 import sys
@@ -19,7 +18,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
-import flax
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -32,7 +30,6 @@ from mujoco import mjx
 from omegaconf import OmegaConf
 
 from ksim.actuators import Actuators, delay_action
-from ksim.checkpoint import METADATA_FORMAT, load_checkpoint, prune_checkpoints, save_checkpoint
 from ksim.commands import Command, advance_command, check_command_users, start_command
 from ksim.config import (
     ConfigError,
@@ -47,10 +44,11 @@ from ksim.events import Event, run_events, start_event_timers
 from ksim.normalization import Normalizer
 from ksim.observations import Observation, add_noise, check_noise, noise_scales
 from ksim.randomization import Randomization, Randomized, check_randomizations, sample_randomizations
-from ksim.reporting import SCALARS_FILE, MetricsLogger
+from ksim.reporting import SCALARS_FILE, MetricsLogger, unique_names
 from ksim.resets import Reset
 from ksim.rewards import Reward
-from ksim.task.evaluation import first_episode, make_eval_program
+from ksim.task.checkpointing import CheckpointMixin
+from ksim.task.evaluation import EvaluationMixin
 from ksim.task.loop import report_compile, run_training
 from ksim.terminations import Termination, physics_diverged
 
@@ -90,6 +88,8 @@ class RLConfig:
     export_path: str = xax.field("", help="mode=export: write the deterministic policy to this .onnx file.")
     eval_episodes: int = xax.field(10, help="Episodes per evaluation (mode=eval and eval_every_n_steps).")
     video_path: str = xax.field("", help="mode=eval: write the first episode to this .mp4 or .gif.")
+    video_width: int = xax.field(640, help="Video frame width in pixels (at most the model's offscreen width).")
+    video_height: int = xax.field(480, help="Video frame height in pixels (at most the model's offscreen height).")
     compilation_cache_dir: str = xax.field(
         os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "ksim", "jax"),
         help="Persistent XLA compilation cache folder (empty: off). A second start of a run skips compiling.",
@@ -175,20 +175,6 @@ class Transition(struct.PyTreeNode):
     reward_terms: dict[str, Array]
 
 
-def library_versions() -> dict[str, str]:
-    """Versions of ksim and the libraries a checkpoint's numbers depend on."""
-    try:
-        ksim_version = importlib.metadata.version("ksim")
-    except importlib.metadata.PackageNotFoundError:
-        ksim_version = "unknown"
-    return {"ksim": ksim_version, "jax": jax.__version__, "flax": flax.__version__, "mujoco": mujoco.__version__}
-
-
-def _unique_names(names: Sequence[str]) -> list[str]:
-    """Appends an index to repeated component names so each one is logged on its own."""
-    return [name if names.count(name) == 1 else f"{name}_{names[:i].count(name)}" for i, name in enumerate(names)]
-
-
 def select_envs(mask: Array, if_true: Any, if_false: Any) -> Any:
     """Per env (leading axis), the leaves of `if_true` where `mask` holds, else those of `if_false`."""
 
@@ -198,8 +184,10 @@ def select_envs(mask: Array, if_true: Any, if_false: Any) -> Any:
     return jax.tree.map(pick, if_true, if_false)
 
 
-class RLTask(ABC, Generic[ConfigT]):
+class RLTask(CheckpointMixin, EvaluationMixin, ABC, Generic[ConfigT]):
     """An RL task on MJX: subclass it with a robot model and components, and an algorithm (PPOTask)."""
+
+    config: ConfigT
 
     def __init__(self, config: ConfigT) -> None:
         self.config = config
@@ -222,7 +210,7 @@ class RLTask(ABC, Generic[ConfigT]):
         check_noise(self.observations)
         self.actuators = self.get_actuators()
         check_randomizations(self.randomizations, self.actuators)
-        self.reward_names = _unique_names([reward.name for reward in self.rewards])
+        self.reward_names = unique_names([reward.name for reward in self.rewards])
         self.model = self.get_model()
         self.optimizer = self.get_optimizer()
         self._compiled: dict[str, Program] = {}
@@ -289,7 +277,7 @@ class RLTask(ABC, Generic[ConfigT]):
         """Raises ConfigError naming the setting and the rule; runs before anything is built or compiled."""
         config = self.config
         require_positive(config, "num_envs", "batch_size", "num_passes", "rollout_length_frames", "num_steps")
-        require_positive(config, "ctrl_dt", "dt", "eval_episodes", "log_every_n_steps")
+        require_positive(config, "ctrl_dt", "dt", "eval_episodes", "log_every_n_steps", "video_width", "video_height")
         require_non_negative(config, "save_every_n_steps", "eval_every_n_steps", "watchdog_timeout_s")
         require_non_negative(config, "keep_last_n_checkpoints", "action_delay_steps")
         if (config.episode_length_s is None) == (config.episode_length_steps is None):
@@ -333,50 +321,6 @@ class RLTask(ABC, Generic[ConfigT]):
     @property
     def task_name(self) -> str:
         return type(self).__name__
-
-    def observation_layout(self) -> list[tuple[str, int]]:
-        """(name, size) of each observation component, in the order they fill the observation vector."""
-        engine = self.engine
-
-        def components() -> list[Array]:
-            data = engine.make_data(jnp.asarray(engine.default_qpos, jnp.float32), jnp.zeros(engine.mj_model.nv))
-            no_action = jnp.zeros(engine.action_dim)
-            command = jnp.zeros(0 if self.command is None else self.command.size)
-            ctx = engine.context(data, data, no_action, no_action, data.ctrl, command)
-            return [jnp.ravel(obs.observe(ctx)) for obs in self.observations]
-
-        names = _unique_names([obs.name for obs in self.observations])
-        return [(name, int(shape.size)) for name, shape in zip(names, jax.eval_shape(components), strict=True)]
-
-    def action_layout(self) -> dict[str, Any]:
-        """What the action vector drives: actuator names in order, the actuator type and its action scale."""
-        mj_model = self.engine.mj_model
-        names = [
-            mujoco.mj_id2name(mj_model, mujoco.mjtObj.mjOBJ_ACTUATOR, i) or f"actuator_{i}" for i in range(mj_model.nu)
-        ]
-        scale = getattr(self.actuators, "action_scale", None)
-        return {
-            "names": names,
-            "type": type(self.actuators).__name__,
-            "scale": None if scale is None else float(scale),
-        }
-
-    def checkpoint_metadata(self) -> dict[str, Any]:
-        """What a checkpoint says about its writer; loading compares the task and the layouts."""
-        return {
-            "format": METADATA_FORMAT,
-            "task": self.task_name,
-            "task_classes": [
-                cls.__name__
-                for cls in type(self).__mro__
-                if issubclass(cls, RLTask) and not cls.__module__.startswith("ksim.")
-            ],
-            "config": OmegaConf.to_yaml(OmegaConf.structured(self.config)),
-            "observations": [[name, size] for name, size in self.observation_layout()],
-            "actions": self.action_layout(),
-            "ctrl_dt": float(self.config.ctrl_dt),
-            "versions": library_versions(),
-        }
 
     # ----- cross-device hooks (identity on one device; DistributedRLTask reduces over its pmap axis) --------
 
@@ -673,26 +617,6 @@ class RLTask(ABC, Generic[ConfigT]):
         env = self._reset_program(self.place_env_keys(env_key))
         return TrainState(shared=self.place_replicated(shared), env=env, rng=self.place_replicated(rng))
 
-    def checkpoint_contents(self, state: TrainState, step: int, env_steps: int) -> dict[str, Any]:
-        """What a checkpoint holds: shared state, update RNG and counters (envs restart on resume)."""
-        return {
-            "shared": self.fetch_replicated(state.shared),
-            "rng": self.fetch_replicated(state.rng),
-            "step": np.asarray(step),
-            "env_steps": np.asarray(env_steps),
-        }
-
-    def load_contents(self, path: str | Path) -> dict[str, Any]:
-        """A checkpoint's contents; ConfigError if another task or observation layout wrote it (see
-        allow_checkpoint_mismatch) or if its shapes differ from the model's."""
-        target = {
-            "shared": self.init_shared(jax.random.PRNGKey(0)),
-            "rng": jax.random.PRNGKey(0),
-            "step": np.asarray(0),
-            "env_steps": np.asarray(0),
-        }
-        return load_checkpoint(path, target, self._checkpoint_metadata, self.config.allow_checkpoint_mismatch)
-
     # ----- the training loop -----------------------------------------------------------------------------------
 
     def make_run_dir(self) -> Path:
@@ -723,19 +647,6 @@ class RLTask(ABC, Generic[ConfigT]):
 
         print(f"wrote {plot_learning_curve(run_dir, self.task_name)}", flush=True)
 
-    @functools.cached_property
-    def _checkpoint_metadata(self) -> dict[str, Any]:
-        return self.checkpoint_metadata()
-
-    def save(self, run_dir: Path, state: TrainState, step: int, env_steps: int) -> Path:
-        """Writes ckpt_<step>.bin and ckpt_latest.bin, then keeps the last keep_last_n_checkpoints numbered."""
-        contents = self.checkpoint_contents(state, step, env_steps)
-        directory = run_dir / "checkpoints"
-        path = save_checkpoint(directory / f"ckpt_{step:08d}.bin", contents, self._checkpoint_metadata)
-        save_checkpoint(directory / "ckpt_latest.bin", contents, self._checkpoint_metadata)
-        prune_checkpoints(directory, self.config.keep_last_n_checkpoints)
-        return path
-
     @staticmethod
     def scalars(window: list[dict[str, Any]]) -> dict[str, float]:
         """Host metrics of the steps since the last log line: episode sums become means over the episodes
@@ -749,64 +660,6 @@ class RLTask(ABC, Generic[ConfigT]):
         scalars["episode_return"] = return_sum / finished if finished else math.nan
         scalars["episode_length"] = length_sum / finished if finished else math.nan
         return scalars
-
-    # ----- evaluation -------------------------------------------------------------------------------------------
-
-    @functools.cached_property
-    def _eval_program(self) -> Program:
-        return make_eval_program(self)
-
-    def eval_inputs(self, shared: SharedState, num_episodes: int | None = None, seed: int | None = None) -> tuple:
-        """(shared state on this process's first device, env keys) for the evaluation program; `shared` is a host
-        copy (unreplicated)."""
-        num_episodes = self.config.eval_episodes if num_episodes is None else num_episodes
-        seed = self.config.seed if seed is None else seed
-        keys = jax.random.split(jax.random.PRNGKey(seed), num_episodes)
-        return jax.device_put(shared, jax.local_devices()[0]), keys
-
-    def evaluate(
-        self, shared: SharedState, num_episodes: int | None = None, seed: int | None = None
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Deterministic episodes from fresh envs: returns, lengths, and env 0's qpos per control step."""
-        inputs = self.eval_inputs(shared, num_episodes, seed)
-        precompiled_shape = num_episodes in (None, self.config.eval_episodes)
-        program = self.program("eval", self._eval_program) if precompiled_shape else self._eval_program
-        returns, lengths, qpos, _ = jax.device_get(program(*inputs))
-        return returns, lengths, first_episode(qpos, lengths)
-
-    def eval_due(self, step: int) -> bool:
-        every = self.config.eval_every_n_steps
-        return every > 0 and (step % every == 0 or step == self.config.num_steps)
-
-    def eval_scalars(self, state: TrainState) -> dict[str, float]:
-        returns, lengths, _ = self.evaluate(self.fetch_replicated(state.shared))
-        return {"eval/return": float(np.mean(returns)), "eval/length": float(np.mean(lengths))}
-
-    def run_eval(self) -> np.ndarray:
-        contents = self.load_contents(self.config.load_from_ckpt_path)
-        returns, _, qpos = self.evaluate(contents["shared"], self.config.eval_episodes, self.config.seed)
-        print(
-            f"{self.task_name}: {len(returns)} episodes, mean return {returns.mean():.4g} "
-            f"(std {returns.std():.3g}, min {returns.min():.4g}, max {returns.max():.4g})",
-            flush=True,
-        )
-        if self.config.video_path:
-            from ksim.render import write_video
-
-            path = write_video(self.engine.mj_model, qpos, self.config.ctrl_dt, self.config.video_path)
-            print(f"wrote {path}", flush=True)
-        return returns
-
-    def run_export(self) -> Path:
-        """Writes the checkpoint's deterministic policy to export_path (ONNX) and a JSON beside it."""
-        from ksim.export import export_policy
-
-        contents = self.load_contents(self.config.load_from_ckpt_path)
-        onnx_path, json_path = export_policy(
-            self, contents["shared"], self.config.export_path, self.config.load_from_ckpt_path
-        )
-        print(f"wrote {onnx_path} and {json_path}", flush=True)
-        return onnx_path
 
     # ----- command line ---------------------------------------------------------------------------------------
 
