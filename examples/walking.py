@@ -1,50 +1,79 @@
 """Humanoid walking on ksim's MJX humanoid (21 PD-controlled joints; only the feet touch the floor).
 
-    python -m examples.walking                                          # GPU-sized defaults
-    python -m examples.walking num_envs=16 batch_size=8 rollout_length_frames=16 \
-        'actor_hidden=[128,128]' 'critic_hidden=[128,128]'              # CPU-sized
+Two presets, picked with `preset=` (other settings override the preset's as usual):
+
+    python -m examples.walking                          # preset=cpu: walk forward at target_velocity, CPU-sized
+    python -m examples.walking preset=gpu               # GPU-sized, for a real robot: track a random velocity
+                                                        # command with domain randomization, pushes,
+                                                        # observation noise and a one-step action delay
+    python -m examples.walking preset=gpu sim2real=false   # GPU-sized, the plain forward-walking task
+
+`sim2real=true` on the CPU preset turns the same components on there (slower: each env carries its own
+model fields). Export a trained policy with `mode=export load_from_ckpt_path=... export_path=policy.onnx`.
 """
 
+import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import mujoco
 import xax
 
 from ksim import observations as obs
+from ksim import randomization as rnd
 from ksim import rewards as rew
 from ksim import terminations as term
 from ksim.actuators import Actuators, PositionActuators
+from ksim.commands import Command, VelocityCommand
+from ksim.config import require_choice
 from ksim.engine import load_mujoco_model
+from ksim.events import Event, Push
 from ksim.resets import RandomJointPositions, RandomJointVelocities, Reset
 from ksim.task.ppo import PPOConfig, PPOTask
 
 
 @dataclass
 class WalkingConfig(PPOConfig):
-    target_velocity: float = xax.field(1.0, help="Forward (world x) velocity to track, m/s.")
+    preset: str = xax.field("cpu", help="'cpu' or 'gpu': which preset the other settings start from.")
+    sim2real: bool = xax.field(
+        False, help="Track a velocity command under domain randomization, pushes and observation noise."
+    )
+    target_velocity: float = xax.field(1.0, help="Forward (world x) velocity to track without sim2real, m/s.")
 
 
 class WalkingTask(PPOTask[WalkingConfig]):
+    def validate_config(self) -> None:
+        super().validate_config()
+        require_choice(self.config, "preset", tuple(PRESETS))
+
     def get_mujoco_model(self) -> mujoco.MjModel:
         return load_mujoco_model("humanoid.xml")
 
     def get_observations(self) -> Sequence[obs.Observation]:
-        return [
-            obs.JointPosition(),
-            obs.JointVelocity(),
-            obs.ProjectedGravity(),
+        noisy = self.config.sim2real
+        observations = [
+            obs.JointPosition(noise=0.01 if noisy else 0.0),
+            obs.JointVelocity(noise=0.15 if noisy else 0.0),
+            obs.ProjectedGravity(noise=0.05 if noisy else 0.0),
             obs.BaseHeight(),
             obs.BaseLinearVelocity(),
-            obs.BaseAngularVelocity(),
+            obs.BaseAngularVelocity(noise=0.05 if noisy else 0.0),
             obs.LastAction(),
         ]
+        return [*observations, obs.Command()] if noisy else observations
 
     def get_rewards(self) -> Sequence[rew.Reward]:
+        if self.config.sim2real:
+            tracking: list[rew.Reward] = [
+                rew.LinearVelocityTracking(scale=1.0, sigma=0.25),
+                rew.AngularVelocityTracking(scale=0.5, sigma=0.25),
+            ]
+        else:
+            tracking = [rew.ForwardVelocity(scale=1.0, target=self.config.target_velocity)]
         return [
             rew.StayAlive(scale=0.5),
             rew.Upright(scale=0.2),
-            rew.ForwardVelocity(scale=1.0, target=self.config.target_velocity),
+            *tracking,
             rew.ActionRatePenalty(scale=-0.01),
             rew.ControlCost(scale=-0.002),
         ]
@@ -55,6 +84,31 @@ class WalkingTask(PPOTask[WalkingConfig]):
     def get_resets(self) -> Sequence[Reset]:
         return [RandomJointPositions(scale=0.05), RandomJointVelocities(scale=0.1)]
 
+    def get_randomizations(self) -> Sequence[rnd.Randomization]:
+        if not self.config.sim2real:
+            return []
+        return [
+            rnd.FloorFriction(0.4, 1.25),
+            rnd.BodyMass(0.9, 1.1),
+            rnd.AddedBaseMass(-1.0, 3.0),
+            rnd.CenterOfMassOffset(-0.03, 0.03),
+            rnd.JointDamping(0.8, 1.2),
+            rnd.JointArmature(0.8, 1.2),
+            rnd.PositionGain(0.9, 1.1),
+            rnd.VelocityGain(0.9, 1.1),
+            rnd.ActuatorStrength(0.9, 1.1),
+        ]
+
+    def get_command(self) -> Command | None:
+        return (
+            VelocityCommand(forward=(-0.5, 1.5), lateral=(-0.3, 0.3), yaw_rate=(-0.5, 0.5))
+            if self.config.sim2real
+            else None
+        )
+
+    def get_events(self) -> Sequence[Event]:
+        return [Push(max_velocity=(0.5, 0.5, 0.0), interval_s=(5.0, 10.0))] if self.config.sim2real else []
+
     def get_actuators(self) -> Actuators:
         gear = self.engine.mj_model.actuator_gear[:, 0]
         return PositionActuators.from_model(
@@ -62,8 +116,11 @@ class WalkingTask(PPOTask[WalkingConfig]):
         )
 
 
-# Sized for one GPU; see the module docstring (and README) for CPU-sized settings.
-DEFAULT_CONFIG = WalkingConfig(
+# Sized for one GPU, with every sim-to-real component on.
+GPU_CONFIG = WalkingConfig(
+    preset="gpu",
+    sim2real=True,
+    action_delay_steps=1,
     num_envs=2048,
     batch_size=256,
     num_passes=4,
@@ -76,6 +133,27 @@ DEFAULT_CONFIG = WalkingConfig(
     save_every_n_steps=100,
     log_every_n_steps=5,
 )
+# Sized for a CPU (the default, and what the tests run): the plain task, no sim-to-real components.
+CPU_CONFIG = replace(
+    GPU_CONFIG,
+    preset="cpu",
+    sim2real=False,
+    action_delay_steps=0,
+    num_envs=16,
+    batch_size=8,
+    rollout_length_frames=16,
+    actor_hidden=[128, 128],
+    critic_hidden=[128, 128],
+)
+PRESETS = {"cpu": CPU_CONFIG, "gpu": GPU_CONFIG}
+DEFAULT_CONFIG = CPU_CONFIG
+
+
+def preset_config(argv: Sequence[str]) -> WalkingConfig:
+    """The preset named by a `preset=...` argument (the CPU one without); unknown names fail in validation."""
+    names = [arg.split("=", 1)[1] for arg in argv if arg.startswith("preset=")]
+    return PRESETS.get(names[-1], CPU_CONFIG) if names else CPU_CONFIG
+
 
 if __name__ == "__main__":
-    WalkingTask.launch(DEFAULT_CONFIG)
+    WalkingTask.launch(preset_config(sys.argv[1:]))

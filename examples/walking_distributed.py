@@ -2,13 +2,14 @@
 
     XLA_FLAGS='--xla_force_host_platform_device_count=2' \
         python -m examples.walking_distributed num_steps=1000 num_envs=8 batch_size=4   # 2 CPU "devices"
-    python -m examples.walking_distributed                                          # all GPUs
+    python -m examples.walking_distributed preset=gpu                               # all GPUs, sim-to-real on
 """
 
 import dataclasses
+import sys
 from dataclasses import dataclass
 
-from examples.walking import DEFAULT_CONFIG, WalkingConfig, WalkingTask
+from examples.walking import WalkingConfig, WalkingTask, preset_config
 from ksim.task.distributed_ppo import DistributedPPOConfig, DistributedPPOTask
 
 
@@ -22,4 +23,5 @@ class WalkingDistributedTask(WalkingTask, DistributedPPOTask[WalkingDistributedC
 
 
 if __name__ == "__main__":
-    WalkingDistributedTask.launch(WalkingDistributedConfig(**dataclasses.asdict(DEFAULT_CONFIG)))
+    preset = preset_config(sys.argv[1:])
+    WalkingDistributedTask.launch(WalkingDistributedConfig(**dataclasses.asdict(preset)))

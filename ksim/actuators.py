@@ -1,8 +1,12 @@
-"""Actuators: turn a policy action into the MuJoCo control vector, every physics substep."""
+"""Actuators: turn a policy action into the MuJoCo control vector, every physics substep.
+
+`gain_scales` holds one env's randomized PD-gain multipliers ("kp", "kd"; see ksim.randomization).
+"""
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import jax
@@ -25,7 +29,7 @@ class Actuators(ABC):
     """Maps an action in [-1, 1]-ish units to `data.ctrl`."""
 
     @abstractmethod
-    def ctrl(self, action: Array, data: mjx.Data) -> Array: ...
+    def ctrl(self, action: Array, data: mjx.Data, gain_scales: Mapping[str, Array] | None = None) -> Array: ...
 
 
 @dataclass(frozen=True)
@@ -41,7 +45,7 @@ class TorqueActuators(Actuators):
         low, high = _ctrl_range(mj_model)
         return cls(low, high, action_scale)
 
-    def ctrl(self, action: Array, data: mjx.Data) -> Array:
+    def ctrl(self, action: Array, data: mjx.Data, gain_scales: Mapping[str, Array] | None = None) -> Array:
         return jnp.clip(action * self.action_scale, self.ctrl_low, self.ctrl_high)
 
 
@@ -90,7 +94,16 @@ class PositionActuators(Actuators):
             action_scale=action_scale,
         )
 
-    def ctrl(self, action: Array, data: mjx.Data) -> Array:
+    def ctrl(self, action: Array, data: mjx.Data, gain_scales: Mapping[str, Array] | None = None) -> Array:
+        scales = gain_scales or {}
+        kp, kd = self.kp * scales.get("kp", 1.0), self.kd * scales.get("kd", 1.0)
         target = self.default_qpos + self.action_scale * action
-        torque = self.kp * (target - data.qpos[self.qpos_index]) - self.kd * data.qvel[self.qvel_index]
+        torque = kp * (target - data.qpos[self.qpos_index]) - kd * data.qvel[self.qvel_index]
         return jnp.clip(torque / self.gear, self.ctrl_low, self.ctrl_high)
+
+
+def delay_action(queue: Array, action: Array) -> tuple[Array, Array]:
+    """(the action to apply, the queue after it): the queue holds the last k chosen actions, oldest first."""
+    if queue.shape[0] == 0:
+        return action, queue
+    return queue[0], jnp.concatenate([queue[1:], action[None]])

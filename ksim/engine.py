@@ -72,6 +72,7 @@ class ModelLayout:
     joint_qvel: tuple[tuple[int, ...], ...]
     root_joints: tuple[int, ...]
     body_rootid: tuple[int, ...]
+    geom_names: tuple[str, ...] = ()
 
     @classmethod
     def create(cls, mj_model: mujoco.MjModel, base_body: str | None = None) -> ModelLayout:
@@ -104,6 +105,7 @@ class ModelLayout:
             joint_qvel=tuple(joint_qvel),
             root_joints=root_joints,
             body_rootid=tuple(int(r) for r in mj_model.body_rootid),
+            geom_names=_names(mj_model, mujoco.mjtObj.mjOBJ_GEOM, mj_model.ngeom),
         )
 
     @property
@@ -121,6 +123,16 @@ class ModelLayout:
 
     def qvel_indices(self, joints: Sequence[int]) -> np.ndarray:
         return np.asarray([i for j in joints for i in self.joint_qvel[j]], dtype=np.int32)
+
+    def free_root_qvel(self, component: str) -> np.ndarray:
+        """The base's free-joint velocity indices (world linear, then local angular); others refuse."""
+        free = [j for j in self.root_joints if len(self.joint_qvel[j]) == 6]
+        if not free:
+            base = self.body_names[self.base_body]
+            raise ConfigError(
+                f"{component} needs a free root joint, but the base body {base!r} has a {self.root_kind} root"
+            )
+        return np.asarray(self.joint_qvel[free[0]], dtype=np.int32)
 
     def require_moving_base(self, component: str) -> None:
         """For components that read the base's motion: a fixed base has none."""

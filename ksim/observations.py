@@ -2,23 +2,36 @@
 
 Joints are the non-root joints unless named (`joints=("knee", ...)`, root joints may be named too);
 bodies are named. `check(layout)` refuses names the model lacks when the task is built.
+
+Every observation takes `noise=` (keyword only): the scale of the noise added to it during training
+rollouts, Gaussian (standard deviation) or uniform (half-width, `noise_type="uniform"`).
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
+from ksim.config import ConfigError
 from ksim.engine import ModelLayout, StepContext, body_index
 
 Array = jax.Array
 
 
+NOISE_TYPES = ("gaussian", "uniform")
+
+
+@dataclass(frozen=True)
 class Observation(ABC):
     """One named piece of the policy's input."""
+
+    noise: float = field(default=0.0, kw_only=True)
+    noise_type: str = field(default="gaussian", kw_only=True)
 
     @property
     def name(self) -> str:
@@ -149,3 +162,38 @@ class BodyLinearVelocity(Observation):
 class LastAction(Observation):
     def observe(self, ctx: StepContext) -> Array:
         return ctx.action
+
+
+@dataclass(frozen=True)
+class Command(Observation):
+    """The task's command (e.g. a velocity command), times `scale`."""
+
+    scale: float = 1.0
+    command_size: ClassVar[int] = 1  # the task must have a command
+
+    def observe(self, ctx: StepContext) -> Array:
+        return ctx.command * self.scale
+
+
+def check_noise(observations: tuple[Observation, ...]) -> None:
+    """ConfigError for a negative noise scale or an unknown noise type."""
+    for observation in observations:
+        if observation.noise < 0:
+            raise ConfigError(f"{observation.name}.noise={observation.noise} must be >= 0")
+        if observation.noise_type not in NOISE_TYPES:
+            choices = ", ".join(repr(c) for c in NOISE_TYPES)
+            raise ConfigError(f"{observation.name}.noise_type={observation.noise_type!r} must be one of {choices}")
+
+
+def noise_scales(observations: tuple[Observation, ...], sizes: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """Per observation value, the (Gaussian, uniform) noise scales."""
+    gaussian = [o.noise if o.noise_type == "gaussian" else 0.0 for o in observations]
+    uniform = [o.noise if o.noise_type == "uniform" else 0.0 for o in observations]
+    return np.repeat(np.asarray(gaussian, np.float32), sizes), np.repeat(np.asarray(uniform, np.float32), sizes)
+
+
+def add_noise(obs: Array, scales: tuple[np.ndarray, np.ndarray], rng: Array) -> Array:
+    gaussian_key, uniform_key = jax.random.split(rng)
+    gaussian, uniform = scales
+    noise = gaussian * jax.random.normal(gaussian_key, obs.shape)
+    return obs + noise + uniform * jax.random.uniform(uniform_key, obs.shape, minval=-1.0, maxval=1.0)

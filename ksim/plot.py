@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 from ksim.reporting import SCALARS_FILE
 
@@ -29,6 +30,17 @@ def series(rows: list[dict[str, float]], key: str) -> tuple[list[float], list[fl
     return [x for x, _ in points], [y for _, y in points]
 
 
+def draw_panel(axis: Any, rows: list[dict[str, float]], quantity: str, ylabel: str, training_label: str) -> None:
+    """Training episodes' `episode_<quantity>` against env steps, and `eval/<quantity>` where there is one."""
+    axis.plot(*series(rows, f"episode_{quantity}"), label=training_label)
+    steps, values = series(rows, f"eval/{quantity}")
+    if steps:
+        axis.plot(steps, values, "o-", label="evaluation (deterministic)")
+    axis.set(xlabel="env steps", ylabel=ylabel, title=f"Episode {quantity}")
+    axis.legend(loc="lower right", fontsize=8)
+    axis.grid(alpha=0.3)
+
+
 def plot_learning_curve(run_dir: str | Path, title: str | None = None) -> Path:
     """Writes `learning_curve.png` in the run folder and returns its path."""
     import matplotlib
@@ -39,20 +51,8 @@ def plot_learning_curve(run_dir: str | Path, title: str | None = None) -> Path:
     run_dir = Path(run_dir)
     rows = read_scalars(run_dir)
     figure, (returns_axis, length_axis) = plt.subplots(1, 2, figsize=(10, 3.6))
-    returns_axis.plot(*series(rows, "episode_return"), label="training episodes (mean per log line)")
-    steps, values = series(rows, "eval/return")
-    if steps:
-        returns_axis.plot(steps, values, "o-", label="evaluation (deterministic)")
-    returns_axis.set(xlabel="env steps", ylabel="episode return", title="Return")
-    returns_axis.legend(loc="lower right", fontsize=8)
-    length_axis.plot(*series(rows, "episode_length"), label="training episodes")
-    steps, values = series(rows, "eval/length")
-    if steps:
-        length_axis.plot(steps, values, "o-", label="evaluation")
-    length_axis.set(xlabel="env steps", ylabel="control steps", title="Episode length")
-    length_axis.legend(loc="lower right", fontsize=8)
-    for axis in (returns_axis, length_axis):
-        axis.grid(alpha=0.3)
+    draw_panel(returns_axis, rows, "return", "episode return", "training episodes (mean per log line)")
+    draw_panel(length_axis, rows, "length", "control steps", "training episodes")
     figure.suptitle(title or run_dir.name)
     figure.tight_layout()
     path = run_dir / PICTURE

@@ -23,13 +23,15 @@ def render_frames(mj_model: mujoco.MjModel, qpos: np.ndarray, width: int = 640, 
     return frames
 
 
-def write_video(mj_model: mujoco.MjModel, qpos: np.ndarray, ctrl_dt: float, path: str | Path) -> Path:
-    """Writes an .mp4 (through imageio-ffmpeg) or .gif of the episode at real-time speed."""
+def write_video(
+    mj_model: mujoco.MjModel, qpos: np.ndarray, ctrl_dt: float, path: str | Path, size: tuple[int, int] = (640, 480)
+) -> Path:
+    """Writes an .mp4 (through imageio-ffmpeg) or .gif of the episode at real-time speed; `size` is (width, height)."""
     import imageio.v2 as imageio
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    frames: list[Any] = render_frames(mj_model, np.asarray(qpos))
+    frames: list[Any] = render_frames(mj_model, np.asarray(qpos), *size)
     fps = 1.0 / ctrl_dt
     if path.suffix == ".gif":
         imageio.mimsave(path, frames, duration=1000.0 / fps, loop=0)

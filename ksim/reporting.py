@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -83,3 +84,8 @@ class MetricsLogger:
     def close(self) -> None:
         if self._writer is not None:
             self._writer.close()
+
+
+def unique_names(names: Sequence[str]) -> list[str]:
+    """Appends an index to repeated component names so each one is logged on its own."""
+    return [name if names.count(name) == 1 else f"{name}_{names[:i].count(name)}" for i, name in enumerate(names)]

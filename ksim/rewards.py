@@ -7,11 +7,13 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
 
-from ksim.engine import ModelLayout, StepContext
+from ksim.config import ConfigError
+from ksim.engine import ModelLayout, StepContext, rotate
 
 Array = jax.Array
 
@@ -107,3 +109,44 @@ class JointPositionPenalty(Reward):
 
     def value(self, ctx: StepContext) -> Array:
         return jnp.sum(jnp.square(ctx.joint_pos_of(ctx.layout.joints((self.joint,)))))
+
+
+def heading_velocity(ctx: StepContext) -> Array:
+    """The base's world linear velocity in its heading frame (yaw only): (forward, lateral, up)."""
+    forward = rotate(ctx.base_quat, jnp.array([1.0, 0.0, 0.0]))
+    yaw = jnp.arctan2(forward[1], forward[0])
+    cos, sin = jnp.cos(yaw), jnp.sin(yaw)
+    vx, vy, vz = ctx.base_lin_vel_world
+    return jnp.stack([cos * vx + sin * vy, -sin * vx + cos * vy, vz])
+
+
+@dataclass(frozen=True)
+class _TrackingReward(_BaseReward):
+    sigma: float = 0.25
+
+    def check(self, layout: ModelLayout) -> None:
+        if self.sigma <= 0:
+            raise ConfigError(f"{self.name}: sigma={self.sigma} must be positive")
+        super().check(layout)
+
+
+@dataclass(frozen=True)
+class LinearVelocityTracking(_TrackingReward):
+    """exp(-|v_xy - command_xy|^2 / sigma): heading-frame base velocity against command values 0 and 1."""
+
+    command_size: ClassVar[int] = 2
+
+    def value(self, ctx: StepContext) -> Array:
+        error = jnp.sum(jnp.square(heading_velocity(ctx)[:2] - ctx.command[:2]))
+        return jnp.exp(-error / self.sigma)
+
+
+@dataclass(frozen=True)
+class AngularVelocityTracking(_TrackingReward):
+    """exp(-(yaw rate - command_2)^2 / sigma): the base's world-frame yaw rate against command value 2."""
+
+    command_size: ClassVar[int] = 3
+
+    def value(self, ctx: StepContext) -> Array:
+        error = jnp.square(ctx.base_ang_vel_world[2] - ctx.command[2])
+        return jnp.exp(-error / self.sigma)

@@ -298,6 +298,7 @@ def test_eval_writes_a_video_of_the_first_episode(trained: tuple, tmp_path: Path
     _, _, run_dir = trained
     video = tmp_path / "episode.gif"
     args = ["actor_hidden=[16,16]", "critic_hidden=[16,16]", "episode_length_s=0.2", "eval_episodes=2"]
+    args += ["video_width=64", "video_height=48"]
     result = subprocess.run(
         [
             sys.executable,
@@ -320,4 +321,5 @@ def test_eval_writes_a_video_of_the_first_episode(trained: tuple, tmp_path: Path
 
     frames = imageio.mimread(video)
     assert len(frames) == 10  # 0.2 s at ctrl_dt=0.02
+    assert np.asarray(frames[0]).shape[:2] == (48, 64)
     assert np.asarray(frames[0]).std() > 0  # not a blank image

@@ -10,7 +10,7 @@ import jax
 import numpy as np
 import pytest
 
-from examples.walking import DEFAULT_CONFIG, WalkingTask
+from examples.walking import CPU_CONFIG, DEFAULT_CONFIG, GPU_CONFIG, WalkingTask, preset_config
 from ksim.distributed import lapack_splits_batches
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -80,3 +80,15 @@ def test_cpu_deadlock_configuration_is_refused_before_compiling(tmp_path: Path) 
     assert result.returncode == 2
     assert "Known issue" in result.stderr and "PJRT_NPROC=3" in result.stderr
     assert not tmp_path.exists() or not any(tmp_path.iterdir())
+
+
+def test_walking_presets_cpu_by_default_and_gpu_with_every_sim2real_component() -> None:
+    assert (
+        preset_config([]) is CPU_CONFIG is DEFAULT_CONFIG and preset_config(["preset=gpu", "num_envs=8"]) is GPU_CONFIG
+    )
+    cpu = WalkingTask(CPU_CONFIG)  # builds the model and checks every component; nothing compiles
+    assert not cpu.randomizations and cpu.command is None and not cpu.events and CPU_CONFIG.num_envs == 16
+    gpu = WalkingTask(GPU_CONFIG)
+    assert len(gpu.randomizations) == 9 and gpu.command is not None and len(gpu.events) == 1
+    assert gpu.noisy_observations(deterministic=False) and GPU_CONFIG.action_delay_steps == 1
+    assert gpu.observation_layout()[-1] == ("Command", 3) and GPU_CONFIG.num_envs == 2048

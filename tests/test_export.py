@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -18,17 +19,13 @@ from ksim.export import PolicyInput, load_policy_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# The README's example: run an exported policy with onnxruntime alone (no ksim, no JAX).
-README_SNIPPET = """\
-import json, numpy as np, onnxruntime as ort
-spec = json.load(open("policy.json"))
-session = ort.InferenceSession(spec["onnx_file"])
-sensors = {"JointPosition": [0.05], "JointVelocity": [0.0, -0.1]}  # read these from your robot
-obs = np.concatenate([np.asarray(sensors[c["name"]], np.float32) for c in spec["inputs"]])
-action = session.run([spec["output_name"]], {spec["input_name"]: obs[None]})[0][0]
-ctrl = action * spec["action_scale"]  # TorqueActuators: the motor ctrl, clipped to its ctrlrange
-print(json.dumps(dict(zip(spec["actuators"], ctrl.tolist()))), "every", spec["ctrl_dt"], "s")
-"""
+
+def readme_snippet() -> str:
+    """The README's example (the python block that imports onnxruntime): an exported policy run with
+    onnxruntime alone (no ksim, no JAX)."""
+    blocks = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), re.DOTALL)
+    (snippet,) = [block for block in blocks if "onnxruntime as ort" in block]
+    return snippet
 
 
 @pytest.fixture(scope="module")
@@ -84,10 +81,11 @@ def test_policy_json_names_inputs_and_actions(exported: tuple) -> None:
 
 def test_readme_snippet_runs_an_exported_policy(exported: tuple) -> None:
     task, contents, onnx_path = exported
-    assert len(README_SNIPPET.splitlines()) <= 10
+    snippet = readme_snippet()
+    assert len(snippet.splitlines()) <= 10
     env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
     result = subprocess.run(
-        [sys.executable, "-I", "-c", README_SNIPPET],  # -I: no ksim on the path, as on a robot
+        [sys.executable, "-I", "-c", snippet],  # -I: no ksim on the path, as on a robot
         cwd=onnx_path.parent,
         env=env,
         capture_output=True,

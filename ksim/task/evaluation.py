@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 if TYPE_CHECKING:
-    from ksim.task.rl import RLTask, SharedState
+    from ksim.engine import PhysicsEngine
+    from ksim.task.rl import Program, RLConfig, RLTask, SharedState, TrainState
 
 Array = jax.Array
 
@@ -59,3 +62,63 @@ def make_eval_program(task: RLTask[Any]) -> Callable[[SharedState, Array], tuple
 def first_episode(qpos_log: Any, lengths: Any) -> Any:
     """Env 0's recorded poses, cut at the end of its episode."""
     return qpos_log[: int(lengths[0])]
+
+
+class EvaluationMixin:
+    """Evaluation of an `RLTask` during training and in `mode=eval` (the task provides what is declared below)."""
+
+    if TYPE_CHECKING:
+        config: RLConfig
+        engine: PhysicsEngine
+
+        @property
+        def task_name(self) -> str: ...
+        def program(self, name: str, fallback: Program) -> Program: ...
+        def fetch_replicated(self, tree: Any) -> Any: ...
+        def load_contents(self, path: str) -> dict[str, Any]: ...
+
+    @functools.cached_property
+    def _eval_program(self) -> Program:
+        return make_eval_program(cast("RLTask[Any]", self))
+
+    def eval_inputs(self, shared: SharedState, num_episodes: int | None = None, seed: int | None = None) -> tuple:
+        """(shared state on this process's first device, env keys) for the evaluation program; `shared` is a host
+        copy (unreplicated)."""
+        num_episodes = self.config.eval_episodes if num_episodes is None else num_episodes
+        seed = self.config.seed if seed is None else seed
+        keys = jax.random.split(jax.random.PRNGKey(seed), num_episodes)
+        return jax.device_put(shared, jax.local_devices()[0]), keys
+
+    def evaluate(
+        self, shared: SharedState, num_episodes: int | None = None, seed: int | None = None
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Deterministic episodes from fresh envs: returns, lengths, and env 0's qpos per control step."""
+        inputs = self.eval_inputs(shared, num_episodes, seed)
+        precompiled_shape = num_episodes in (None, self.config.eval_episodes)
+        program = self.program("eval", self._eval_program) if precompiled_shape else self._eval_program
+        returns, lengths, qpos, _ = jax.device_get(program(*inputs))
+        return returns, lengths, first_episode(qpos, lengths)
+
+    def eval_due(self, step: int) -> bool:
+        every = self.config.eval_every_n_steps
+        return every > 0 and (step % every == 0 or step == self.config.num_steps)
+
+    def eval_scalars(self, state: TrainState) -> dict[str, float]:
+        returns, lengths, _ = self.evaluate(self.fetch_replicated(state.shared))
+        return {"eval/return": float(np.mean(returns)), "eval/length": float(np.mean(lengths))}
+
+    def run_eval(self) -> np.ndarray:
+        contents = self.load_contents(self.config.load_from_ckpt_path)
+        returns, _, qpos = self.evaluate(contents["shared"], self.config.eval_episodes, self.config.seed)
+        print(
+            f"{self.task_name}: {len(returns)} episodes, mean return {returns.mean():.4g} "
+            f"(std {returns.std():.3g}, min {returns.min():.4g}, max {returns.max():.4g})",
+            flush=True,
+        )
+        if self.config.video_path:
+            from ksim.render import write_video
+
+            size = (self.config.video_width, self.config.video_height)
+            path = write_video(self.engine.mj_model, qpos, self.config.ctrl_dt, self.config.video_path, size)
+            print(f"wrote {path}", flush=True)
+        return returns

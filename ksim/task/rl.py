@@ -8,7 +8,6 @@ the same functions with `jax.pmap` and fills in the cross-device hooks (`cross_d
 from __future__ import annotations
 
 import functools
-import importlib.metadata
 import math
 import os
 import sys
@@ -19,7 +18,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
-import flax
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -31,8 +29,8 @@ from flax import struct
 from mujoco import mjx
 from omegaconf import OmegaConf
 
-from ksim.actuators import Actuators
-from ksim.checkpoint import METADATA_FORMAT, load_checkpoint, prune_checkpoints, save_checkpoint
+from ksim.actuators import Actuators, delay_action
+from ksim.commands import Command, advance_command, check_command_users, start_command
 from ksim.config import (
     ConfigError,
     parse_command_line,
@@ -42,12 +40,15 @@ from ksim.config import (
     require_positive,
 )
 from ksim.engine import PhysicsEngine, StepContext, check_components, substeps_divide
+from ksim.events import Event, run_events, start_event_timers
 from ksim.normalization import Normalizer
-from ksim.observations import Observation
-from ksim.reporting import SCALARS_FILE, MetricsLogger
+from ksim.observations import Observation, add_noise, check_noise, noise_scales
+from ksim.randomization import Randomization, Randomized, check_randomizations, sample_randomizations
+from ksim.reporting import SCALARS_FILE, MetricsLogger, unique_names
 from ksim.resets import Reset
 from ksim.rewards import Reward
-from ksim.task.evaluation import first_episode, make_eval_program
+from ksim.task.checkpointing import CheckpointMixin
+from ksim.task.evaluation import EvaluationMixin
 from ksim.task.loop import report_compile, run_training
 from ksim.terminations import Termination, physics_diverged
 
@@ -87,6 +88,8 @@ class RLConfig:
     export_path: str = xax.field("", help="mode=export: write the deterministic policy to this .onnx file.")
     eval_episodes: int = xax.field(10, help="Episodes per evaluation (mode=eval and eval_every_n_steps).")
     video_path: str = xax.field("", help="mode=eval: write the first episode to this .mp4 or .gif.")
+    video_width: int = xax.field(640, help="Video frame width in pixels (at most the model's offscreen width).")
+    video_height: int = xax.field(480, help="Video frame height in pixels (at most the model's offscreen height).")
     compilation_cache_dir: str = xax.field(
         os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "ksim", "jax"),
         help="Persistent XLA compilation cache folder (empty: off). A second start of a run skips compiling.",
@@ -95,6 +98,8 @@ class RLConfig:
         600.0,
         help="Abort with a diagnosis if one train step runs longer than this, compile excluded (0: off).",
     )
+    action_delay_steps: int = xax.field(0, help="The action applied is the one chosen this many control steps ago.")
+    eval_observation_noise: bool = xax.field(False, help="Also add the observations' noise in evaluation.")
 
 
 ConfigT = TypeVar("ConfigT", bound=RLConfig)
@@ -104,11 +109,16 @@ class Episode(struct.PyTreeNode):
     """One env's running episode (or a batch with a leading env axis)."""
 
     data: mjx.Data
-    obs: Array
+    obs: Array  # without observation noise (the policy's input gets it in step_env)
     last_action: Array
     episode_return: Array
     episode_length: Array
     rng: Array
+    randomized: Randomized  # this episode's model fields and PD-gain scales (empty dicts: none)
+    command: Array  # (command size,)
+    command_timer: Array  # control steps until the command is redrawn
+    event_timers: Array  # (num events,) control steps until each event
+    action_queue: Array  # (action_delay_steps, action_dim) chosen actions not yet applied, oldest first
 
 
 class EnvState(struct.PyTreeNode):
@@ -165,20 +175,6 @@ class Transition(struct.PyTreeNode):
     reward_terms: dict[str, Array]
 
 
-def library_versions() -> dict[str, str]:
-    """Versions of ksim and the libraries a checkpoint's numbers depend on."""
-    try:
-        ksim_version = importlib.metadata.version("ksim")
-    except importlib.metadata.PackageNotFoundError:
-        ksim_version = "unknown"
-    return {"ksim": ksim_version, "jax": jax.__version__, "flax": flax.__version__, "mujoco": mujoco.__version__}
-
-
-def _unique_names(names: Sequence[str]) -> list[str]:
-    """Appends an index to repeated component names so each one is logged on its own."""
-    return [name if names.count(name) == 1 else f"{name}_{names[:i].count(name)}" for i, name in enumerate(names)]
-
-
 def select_envs(mask: Array, if_true: Any, if_false: Any) -> Any:
     """Per env (leading axis), the leaves of `if_true` where `mask` holds, else those of `if_false`."""
 
@@ -188,8 +184,10 @@ def select_envs(mask: Array, if_true: Any, if_false: Any) -> Any:
     return jax.tree.map(pick, if_true, if_false)
 
 
-class RLTask(ABC, Generic[ConfigT]):
+class RLTask(CheckpointMixin, EvaluationMixin, ABC, Generic[ConfigT]):
     """An RL task on MJX: subclass it with a robot model and components, and an algorithm (PPOTask)."""
+
+    config: ConfigT
 
     def __init__(self, config: ConfigT) -> None:
         self.config = config
@@ -199,9 +197,20 @@ class RLTask(ABC, Generic[ConfigT]):
         self.rewards = tuple(self.get_rewards())
         self.terminations = tuple(self.get_terminations())
         self.resets = tuple(self.get_resets())
-        check_components(self.engine.layout, (*self.observations, *self.rewards, *self.terminations, *self.resets))
+        self.randomizations = tuple(self.get_randomizations())
+        self.command = self.get_command()
+        self.events = tuple(self.get_events())
+        commands = () if self.command is None else (self.command,)
+        check_components(
+            self.engine.layout,
+            (*self.observations, *self.rewards, *self.terminations, *self.resets, *self.randomizations, *commands),
+        )
+        check_components(self.engine.layout, self.events)
+        check_command_users(self.command, (*self.observations, *self.rewards))
+        check_noise(self.observations)
         self.actuators = self.get_actuators()
-        self.reward_names = _unique_names([reward.name for reward in self.rewards])
+        check_randomizations(self.randomizations, self.actuators)
+        self.reward_names = unique_names([reward.name for reward in self.rewards])
         self.model = self.get_model()
         self.optimizer = self.get_optimizer()
         self._compiled: dict[str, Program] = {}
@@ -232,6 +241,18 @@ class RLTask(ABC, Generic[ConfigT]):
     def get_resets(self) -> Sequence[Reset]:
         return ()
 
+    def get_randomizations(self) -> Sequence[Randomization]:
+        """Physical parameters drawn per env at every episode start (ksim.randomization)."""
+        return ()
+
+    def get_command(self) -> Command | None:
+        """What the policy is asked to do (ksim.commands); `ctx.command` is empty without one."""
+        return None
+
+    def get_events(self) -> Sequence[Event]:
+        """Things that happen during episodes, such as pushes (ksim.events)."""
+        return ()
+
     @abstractmethod
     def get_actuators(self) -> Actuators:
         """Built from `self.engine.mj_model` (and `self.engine.default_qpos` for PD control)."""
@@ -256,9 +277,9 @@ class RLTask(ABC, Generic[ConfigT]):
         """Raises ConfigError naming the setting and the rule; runs before anything is built or compiled."""
         config = self.config
         require_positive(config, "num_envs", "batch_size", "num_passes", "rollout_length_frames", "num_steps")
-        require_positive(config, "ctrl_dt", "dt", "eval_episodes", "log_every_n_steps")
+        require_positive(config, "ctrl_dt", "dt", "eval_episodes", "log_every_n_steps", "video_width", "video_height")
         require_non_negative(config, "save_every_n_steps", "eval_every_n_steps", "watchdog_timeout_s")
-        require_non_negative(config, "keep_last_n_checkpoints")
+        require_non_negative(config, "keep_last_n_checkpoints", "action_delay_steps")
         if (config.episode_length_s is None) == (config.episode_length_steps is None):
             raise ConfigError(
                 f"set exactly one of episode_length_s={config.episode_length_s} and "
@@ -300,49 +321,6 @@ class RLTask(ABC, Generic[ConfigT]):
     @property
     def task_name(self) -> str:
         return type(self).__name__
-
-    def observation_layout(self) -> list[tuple[str, int]]:
-        """(name, size) of each observation component, in the order they fill the observation vector."""
-        engine = self.engine
-
-        def components() -> list[Array]:
-            data = engine.make_data(jnp.asarray(engine.default_qpos, jnp.float32), jnp.zeros(engine.mj_model.nv))
-            no_action = jnp.zeros(engine.action_dim)
-            ctx = engine.context(data, data, no_action, no_action, data.ctrl)
-            return [jnp.ravel(obs.observe(ctx)) for obs in self.observations]
-
-        names = _unique_names([obs.name for obs in self.observations])
-        return [(name, int(shape.size)) for name, shape in zip(names, jax.eval_shape(components), strict=True)]
-
-    def action_layout(self) -> dict[str, Any]:
-        """What the action vector drives: actuator names in order, the actuator type and its action scale."""
-        mj_model = self.engine.mj_model
-        names = [
-            mujoco.mj_id2name(mj_model, mujoco.mjtObj.mjOBJ_ACTUATOR, i) or f"actuator_{i}" for i in range(mj_model.nu)
-        ]
-        scale = getattr(self.actuators, "action_scale", None)
-        return {
-            "names": names,
-            "type": type(self.actuators).__name__,
-            "scale": None if scale is None else float(scale),
-        }
-
-    def checkpoint_metadata(self) -> dict[str, Any]:
-        """What a checkpoint says about its writer; loading compares the task and the layouts."""
-        return {
-            "format": METADATA_FORMAT,
-            "task": self.task_name,
-            "task_classes": [
-                cls.__name__
-                for cls in type(self).__mro__
-                if issubclass(cls, RLTask) and not cls.__module__.startswith("ksim.")
-            ],
-            "config": OmegaConf.to_yaml(OmegaConf.structured(self.config)),
-            "observations": [[name, size] for name, size in self.observation_layout()],
-            "actions": self.action_layout(),
-            "ctrl_dt": float(self.config.ctrl_dt),
-            "versions": library_versions(),
-        }
 
     # ----- cross-device hooks (identity on one device; DistributedRLTask reduces over its pmap axis) --------
 
@@ -388,17 +366,29 @@ class RLTask(ABC, Generic[ConfigT]):
     def observe(self, ctx: StepContext) -> Array:
         return jnp.concatenate([jnp.ravel(obs.observe(ctx)) for obs in self.observations])
 
+    @functools.cached_property
+    def noise_scales(self) -> tuple[np.ndarray, np.ndarray]:
+        return noise_scales(self.observations, [size for _, size in self.observation_layout()])
+
+    def noisy_observations(self, deterministic: bool) -> bool:
+        """Noise goes into training rollouts; into evaluation only with eval_observation_noise."""
+        has_noise = any(obs.noise > 0 for obs in self.observations)
+        return has_noise and (not deterministic or self.config.eval_observation_noise)
+
     def start_episode(self, rng: Array) -> Episode:
-        """A new episode of one env: default pose perturbed by the task's resets."""
-        engine = self.engine
+        """A new episode of one env: default pose perturbed by the task's resets, model randomized, a command."""
+        engine, ctrl_dt = self.engine, self.config.ctrl_dt
+        randomize_key, command_key, event_key = jax.random.split(jax.random.fold_in(rng, 1), 3)
         rng, *reset_keys = jax.random.split(rng, len(self.resets) + 1)
         qpos = jnp.asarray(engine.default_qpos, dtype=jnp.float32)
         qvel = jnp.zeros(engine.mj_model.nv)
         for reset, key in zip(self.resets, reset_keys, strict=True):
             qpos, qvel = reset.apply(qpos, qvel, engine.layout, key)
-        data = engine.make_data(qpos, qvel)
+        randomized = sample_randomizations(self.randomizations, engine.mjx_model, engine.layout, randomize_key)
+        data = engine.make_data(qpos, qvel, randomized.model_fields)
         no_action = jnp.zeros(engine.action_dim)
-        obs = self.observe(engine.context(data, data, no_action, no_action, data.ctrl))
+        command, command_timer = start_command(self.command, command_key, ctrl_dt)
+        obs = self.observe(engine.context(data, data, no_action, no_action, data.ctrl, command))
         return Episode(
             data=data,
             obs=obs,
@@ -406,26 +396,57 @@ class RLTask(ABC, Generic[ConfigT]):
             episode_return=jnp.zeros(()),
             episode_length=jnp.zeros((), jnp.int32),
             rng=rng,
+            randomized=randomized,
+            command=command,
+            command_timer=command_timer,
+            event_timers=start_event_timers(self.events, event_key, ctrl_dt),
+            action_queue=jnp.zeros((self.config.action_delay_steps, engine.action_dim)),
         )
 
     def step_env(
         self, shared: SharedState, episode: Episode, deterministic: bool = False
     ) -> tuple[Episode, Transition]:
         """One control step of one env's episode (no reset: the rollout swaps in the next start)."""
+        engine, ctrl_dt = self.engine, self.config.ctrl_dt
         rng, action_key = jax.random.split(episode.rng)
-        action = self.sample_action(shared, episode.obs, action_key, deterministic)
-        data, ctrl = self.engine.step(episode.data, lambda data: self.actuators.ctrl(action, data))
-        ctx = self.engine.context(data, episode.data, action, episode.last_action, ctrl)
+        noise_key, event_key, command_key = jax.random.split(jax.random.fold_in(action_key, 1), 3)
+        obs = (
+            add_noise(episode.obs, self.noise_scales, noise_key)
+            if self.noisy_observations(deterministic)
+            else episode.obs
+        )
+        action = self.sample_action(shared, obs, action_key, deterministic)
+        applied, action_queue = delay_action(episode.action_queue, action)
+        data, event_timers = run_events(
+            self.events, episode.data, episode.event_timers, engine.layout, event_key, ctrl_dt
+        )
+        gain_scales, fields = episode.randomized.gain_scales, episode.randomized.model_fields
+        data, ctrl = engine.step(data, lambda data: self.actuators.ctrl(applied, data, gain_scales), fields)
+        ctx = engine.context(data, episode.data, action, episode.last_action, ctrl, episode.command)
         diverged = physics_diverged(ctx)
-        next_obs = jnp.where(diverged, 0.0, self.observe(ctx))
+        command, command_timer = advance_command(
+            self.command, episode.command, episode.command_timer, command_key, ctrl_dt
+        )
+        next_obs = jnp.where(diverged, 0.0, self.observe(ctx.replace(command=command)))
         reward_terms = {name: reward(ctx) for name, reward in zip(self.reward_names, self.rewards, strict=True)}
         reward = jnp.where(diverged, 0.0, sum(reward_terms.values(), jnp.zeros(())))
         terminated = functools.reduce(jnp.logical_or, (t.terminated(ctx) for t in self.terminations), diverged)
         episode_length = episode.episode_length + 1
         truncated = (episode_length >= self.max_episode_steps) & ~terminated
         episode_return = episode.episode_return + reward
-        stepped = Episode(data, next_obs, action, episode_return, episode_length, rng)
-        trajectory = Trajectory(episode.obs, next_obs, action, reward, terminated, truncated)
+        stepped = episode.replace(
+            data=data,
+            obs=next_obs,
+            last_action=action,
+            episode_return=episode_return,
+            episode_length=episode_length,
+            rng=rng,
+            command=command,
+            command_timer=command_timer,
+            event_timers=event_timers,
+            action_queue=action_queue,
+        )
+        trajectory = Trajectory(obs, next_obs, action, reward, terminated, truncated)
         return stepped, Transition(trajectory, episode_return, episode_length, reward_terms)
 
     # ----- per-shard programs (leading env axis = this shard's envs) -----------------------------------------
@@ -596,26 +617,6 @@ class RLTask(ABC, Generic[ConfigT]):
         env = self._reset_program(self.place_env_keys(env_key))
         return TrainState(shared=self.place_replicated(shared), env=env, rng=self.place_replicated(rng))
 
-    def checkpoint_contents(self, state: TrainState, step: int, env_steps: int) -> dict[str, Any]:
-        """What a checkpoint holds: shared state, update RNG and counters (envs restart on resume)."""
-        return {
-            "shared": self.fetch_replicated(state.shared),
-            "rng": self.fetch_replicated(state.rng),
-            "step": np.asarray(step),
-            "env_steps": np.asarray(env_steps),
-        }
-
-    def load_contents(self, path: str | Path) -> dict[str, Any]:
-        """A checkpoint's contents; ConfigError if another task or observation layout wrote it (see
-        allow_checkpoint_mismatch) or if its shapes differ from the model's."""
-        target = {
-            "shared": self.init_shared(jax.random.PRNGKey(0)),
-            "rng": jax.random.PRNGKey(0),
-            "step": np.asarray(0),
-            "env_steps": np.asarray(0),
-        }
-        return load_checkpoint(path, target, self._checkpoint_metadata, self.config.allow_checkpoint_mismatch)
-
     # ----- the training loop -----------------------------------------------------------------------------------
 
     def make_run_dir(self) -> Path:
@@ -646,19 +647,6 @@ class RLTask(ABC, Generic[ConfigT]):
 
         print(f"wrote {plot_learning_curve(run_dir, self.task_name)}", flush=True)
 
-    @functools.cached_property
-    def _checkpoint_metadata(self) -> dict[str, Any]:
-        return self.checkpoint_metadata()
-
-    def save(self, run_dir: Path, state: TrainState, step: int, env_steps: int) -> Path:
-        """Writes ckpt_<step>.bin and ckpt_latest.bin, then keeps the last keep_last_n_checkpoints numbered."""
-        contents = self.checkpoint_contents(state, step, env_steps)
-        directory = run_dir / "checkpoints"
-        path = save_checkpoint(directory / f"ckpt_{step:08d}.bin", contents, self._checkpoint_metadata)
-        save_checkpoint(directory / "ckpt_latest.bin", contents, self._checkpoint_metadata)
-        prune_checkpoints(directory, self.config.keep_last_n_checkpoints)
-        return path
-
     @staticmethod
     def scalars(window: list[dict[str, Any]]) -> dict[str, float]:
         """Host metrics of the steps since the last log line: episode sums become means over the episodes
@@ -672,64 +660,6 @@ class RLTask(ABC, Generic[ConfigT]):
         scalars["episode_return"] = return_sum / finished if finished else math.nan
         scalars["episode_length"] = length_sum / finished if finished else math.nan
         return scalars
-
-    # ----- evaluation -------------------------------------------------------------------------------------------
-
-    @functools.cached_property
-    def _eval_program(self) -> Program:
-        return make_eval_program(self)
-
-    def eval_inputs(self, shared: SharedState, num_episodes: int | None = None, seed: int | None = None) -> tuple:
-        """(shared state on this process's first device, env keys) for the evaluation program; `shared` is a host
-        copy (unreplicated)."""
-        num_episodes = self.config.eval_episodes if num_episodes is None else num_episodes
-        seed = self.config.seed if seed is None else seed
-        keys = jax.random.split(jax.random.PRNGKey(seed), num_episodes)
-        return jax.device_put(shared, jax.local_devices()[0]), keys
-
-    def evaluate(
-        self, shared: SharedState, num_episodes: int | None = None, seed: int | None = None
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Deterministic episodes from fresh envs: returns, lengths, and env 0's qpos per control step."""
-        inputs = self.eval_inputs(shared, num_episodes, seed)
-        precompiled_shape = num_episodes in (None, self.config.eval_episodes)
-        program = self.program("eval", self._eval_program) if precompiled_shape else self._eval_program
-        returns, lengths, qpos, _ = jax.device_get(program(*inputs))
-        return returns, lengths, first_episode(qpos, lengths)
-
-    def eval_due(self, step: int) -> bool:
-        every = self.config.eval_every_n_steps
-        return every > 0 and (step % every == 0 or step == self.config.num_steps)
-
-    def eval_scalars(self, state: TrainState) -> dict[str, float]:
-        returns, lengths, _ = self.evaluate(self.fetch_replicated(state.shared))
-        return {"eval/return": float(np.mean(returns)), "eval/length": float(np.mean(lengths))}
-
-    def run_eval(self) -> np.ndarray:
-        contents = self.load_contents(self.config.load_from_ckpt_path)
-        returns, _, qpos = self.evaluate(contents["shared"], self.config.eval_episodes, self.config.seed)
-        print(
-            f"{self.task_name}: {len(returns)} episodes, mean return {returns.mean():.4g} "
-            f"(std {returns.std():.3g}, min {returns.min():.4g}, max {returns.max():.4g})",
-            flush=True,
-        )
-        if self.config.video_path:
-            from ksim.render import write_video
-
-            path = write_video(self.engine.mj_model, qpos, self.config.ctrl_dt, self.config.video_path)
-            print(f"wrote {path}", flush=True)
-        return returns
-
-    def run_export(self) -> Path:
-        """Writes the checkpoint's deterministic policy to export_path (ONNX) and a JSON beside it."""
-        from ksim.export import export_policy
-
-        contents = self.load_contents(self.config.load_from_ckpt_path)
-        onnx_path, json_path = export_policy(
-            self, contents["shared"], self.config.export_path, self.config.load_from_ckpt_path
-        )
-        print(f"wrote {onnx_path} and {json_path}", flush=True)
-        return onnx_path
 
     # ----- command line ---------------------------------------------------------------------------------------
 

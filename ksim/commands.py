@@ -1,0 +1,111 @@
+"""Commands: what the policy is asked to do, drawn per env at episode start and redrawn at random times.
+
+The task's command (`RLTask.get_command`) is a vector in the `StepContext` (`ctx.command`); the
+`Command` observation shows it to the policy and tracking rewards compare the robot's motion to it.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import jax
+import jax.numpy as jnp
+
+from ksim.config import ConfigError
+from ksim.engine import ModelLayout
+
+Array = jax.Array
+
+
+def steps_in(rng: Array, interval_s: tuple[float, float], ctrl_dt: float) -> Array:
+    """A uniform draw from [low, high] seconds, in whole control steps (at least one)."""
+    seconds = jax.random.uniform(rng, (), minval=interval_s[0], maxval=interval_s[1])
+    return jnp.maximum(jnp.round(seconds / ctrl_dt), 1).astype(jnp.int32)
+
+
+def require_interval(component: str, setting: str, interval: tuple[float, float], positive: bool = False) -> None:
+    low, high = interval
+    if low > high:
+        raise ConfigError(f"{component}.{setting}=({low}, {high}) is an empty range (low must be <= high)")
+    if positive and low <= 0:
+        raise ConfigError(f"{component}.{setting}=({low}, {high}) must be positive")
+
+
+class Command(ABC):
+    """A command vector of `size` values, redrawn every `resample_s` seconds (a uniform range)."""
+
+    size: ClassVar[int]
+    resample_s: tuple[float, float]
+
+    @property
+    def name(self) -> str:
+        return type(self).__name__
+
+    def check(self, layout: ModelLayout) -> None:
+        """Raises ConfigError on empty ranges."""
+        require_interval(self.name, "resample_s", self.resample_s, positive=True)
+
+    @abstractmethod
+    def sample(self, rng: Array) -> Array:
+        """A new command, shape (size,)."""
+
+
+@dataclass(frozen=True)
+class VelocityCommand(Command):
+    """Base velocity in the heading frame: (forward m/s, lateral m/s, yaw rate rad/s), each uniform in its
+    range; with probability `zero_probability` the command is all zeros (stand still)."""
+
+    forward: tuple[float, float] = (-0.5, 1.0)
+    lateral: tuple[float, float] = (-0.3, 0.3)
+    yaw_rate: tuple[float, float] = (-0.5, 0.5)
+    zero_probability: float = 0.1
+    resample_s: tuple[float, float] = (4.0, 8.0)
+    size: ClassVar[int] = 3
+
+    def check(self, layout: ModelLayout) -> None:
+        super().check(layout)
+        for setting in ("forward", "lateral", "yaw_rate"):
+            require_interval(self.name, setting, getattr(self, setting))
+        if not 0.0 <= self.zero_probability <= 1.0:
+            raise ConfigError(f"{self.name}.zero_probability={self.zero_probability} must be in [0, 1]")
+        layout.require_moving_base(self.name)
+
+    def sample(self, rng: Array) -> Array:
+        value_key, zero_key = jax.random.split(rng)
+        ranges = jnp.asarray([self.forward, self.lateral, self.yaw_rate])
+        value = jax.random.uniform(value_key, (3,), minval=ranges[:, 0], maxval=ranges[:, 1])
+        return jnp.where(jax.random.bernoulli(zero_key, self.zero_probability), 0.0, value)
+
+
+def start_command(command: Command | None, rng: Array, ctrl_dt: float) -> tuple[Array, Array]:
+    """A new episode's (command, control steps until it is redrawn); empty without a command."""
+    if command is None:
+        return jnp.zeros(0), jnp.zeros((), jnp.int32)
+    value_key, timer_key = jax.random.split(rng)
+    return command.sample(value_key), steps_in(timer_key, command.resample_s, ctrl_dt)
+
+
+def advance_command(
+    command: Command | None, value: Array, timer: Array, rng: Array, ctrl_dt: float
+) -> tuple[Array, Array]:
+    """One control step on: the command is redrawn when its timer runs out."""
+    if command is None:
+        return value, timer
+    fresh_value, fresh_timer = start_command(command, rng, ctrl_dt)
+    due = timer <= 1
+    return jnp.where(due, fresh_value, value), jnp.where(due, fresh_timer, timer - 1)
+
+
+def check_command_users(command: Command | None, components: Sequence[Any]) -> None:
+    """Components that read `ctx.command` need the task to have a command of the size they read."""
+    for component in components:
+        needed = getattr(component, "command_size", None)
+        if needed is None:
+            continue
+        if command is None:
+            raise ConfigError(f"{component.name} reads the command, but the task has none (get_command returns None)")
+        if command.size < needed:
+            raise ConfigError(f"{component.name} reads {needed} command values; {command.name} has {command.size}")
