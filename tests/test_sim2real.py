@@ -19,7 +19,7 @@ from ksim.commands import VelocityCommand, advance_command, check_command_users
 from ksim.config import ConfigError
 from ksim.engine import ModelLayout, PhysicsEngine, load_mujoco_model
 from ksim.events import Push, run_events
-from ksim.task.rl import Episode
+from ksim.task.env import Episode
 
 NUM_ENVS = 8
 
