@@ -61,19 +61,20 @@ MIRRORED: dict[str, Any] = {
     "min_height": 0.8,
     "max_pitch": 0.2,
     "reset_noise": 0.005,
-    "ctrl_cost_scale": 1e-3,
+    "ctrl_cost_scale": -1e-3,  # ksim's sign convention: a negative scale is a cost
 }
+NO_NOISE = "noise=0.0, noise_type='gaussian'"
 EXPECTED_COMPONENTS = repr(
     [
         [
-            "BaseHeight()",
-            "ProjectedGravity()",
-            "JointPosition(offset=None, joints=None)",
-            "BaseLinearVelocity(scale=1.0, world=True, clip=10.0)",
-            "BaseAngularVelocity(scale=0.1, clip=10.0)",
-            "JointVelocity(scale=0.1, joints=None, clip=10.0)",
+            f"BaseHeight({NO_NOISE})",
+            f"ProjectedGravity({NO_NOISE})",
+            f"JointPosition({NO_NOISE}, offset=None, joints=None)",
+            f"BaseLinearVelocity({NO_NOISE}, scale=1.0, world=True, clip=10.0)",
+            f"BaseAngularVelocity({NO_NOISE}, scale=0.1, clip=10.0)",
+            f"JointVelocity({NO_NOISE}, scale=0.1, joints=None, clip=10.0)",
         ],
-        ["StayAlive(scale=1.0)", "ForwardProgress(scale=1.0, direction=(1.0, 0.0, 0.0))", "ControlCost(scale=0.001)"],
+        ["StayAlive(scale=1.0)", "ForwardProgress(scale=1.0, direction=(1.0, 0.0, 0.0))", "ControlCost(scale=-0.001)"],
         ["HealthyRange(min_height=0.8, max_height=inf, max_pitch=0.2)"],
         ["RandomJointPositions(scale=0.005, joints=None)", "RandomJointVelocities(scale=0.005, joints=None)"],
     ]

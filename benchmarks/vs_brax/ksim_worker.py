@@ -49,6 +49,7 @@ def main() -> None:
         actor_hidden=list(settings["hidden"]),
         critic_hidden=list(settings["hidden"]),
         seed=settings["seed"],
+        compilation_cache_dir="",  # a cold compile on both sides (Brax keeps no persistent cache)
     )
     start = time.perf_counter()
     task = HopperTask(config)
