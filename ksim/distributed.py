@@ -19,6 +19,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from ksim.xla_setup import version_tuple
+
 Array = jax.Array
 
 
@@ -43,12 +45,6 @@ def cpu_thread_pool_size() -> int:
     """Threads in XLA:CPU's intra-op pool: PJRT_NPROC or NPROC if set, else the usable CPUs."""
     configured = _configured_pool_size()
     return int(configured) if configured else len(os.sched_getaffinity(0))
-
-
-def version_tuple(version: str) -> tuple[int, ...]:
-    """(0, 10, 2) for "0.10.2" or "0.10.2.dev20260101": the leading numeric parts."""
-    match = re.match(r"\d+(\.\d+)*", version)
-    return tuple(int(part) for part in match.group(0).split(".")) if match else ()
 
 
 def lapack_splits_batches(jaxlib_version: str | None = None) -> bool:

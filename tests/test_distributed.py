@@ -20,6 +20,7 @@ from ksim.distributed import (
 )
 from ksim.task.distributed_rl import ReplicaDivergenceError
 from ksim.task.rl import TrainState
+from ksim.xla_setup import quiet_cached_program_loads
 
 ONE_MINIBATCH = {"num_envs": 8, "batch_size": 8}
 
@@ -196,3 +197,14 @@ def test_ynnpack_fusions_are_turned_off_from_jaxlib_0_10_1(monkeypatch: pytest.M
     monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_experimental_ynn_fusion_type=dot")  # a user's own choice stays
     keep_small_dots_off_ynnpack("0.10.2")
     assert os.environ["XLA_FLAGS"] == "--xla_cpu_experimental_ynn_fusion_type=dot"
+
+
+def test_cached_program_load_errors_are_quieted_on_jaxlib_0_9_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("TF_CPP_MIN_LOG_LEVEL", raising=False)
+    quiet_cached_program_loads("0.10.2")
+    assert "TF_CPP_MIN_LOG_LEVEL" not in os.environ
+    quiet_cached_program_loads("0.9.2")
+    assert os.environ["TF_CPP_MIN_LOG_LEVEL"] == "3"
+    monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "0")  # a user's own choice stays
+    quiet_cached_program_loads("0.9.2")
+    assert os.environ["TF_CPP_MIN_LOG_LEVEL"] == "0"
