@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import ksim  # noqa: F401  (sizes the CPU thread pool before JAX starts)
+from benchmarks.scaling import timed_steps
 from examples.cartpole import DEFAULT_CONFIG as CARTPOLE_CONFIG
 from examples.cartpole import CartpoleTask
 from examples.walking import CPU_CONFIG as WALKING_CONFIG
@@ -70,16 +71,6 @@ def variants(task: str) -> dict[str, Any]:
         return {"off": CartpoleTask(CARTPOLE_CONFIG), "on": CartpoleSim2RealTask(delay)}
     walking_on = dataclasses.replace(WALKING_CONFIG, sim2real=True, action_delay_steps=1)
     return {"off": WalkingTask(WALKING_CONFIG), "on": WalkingSim2RealTask(walking_on)}
-
-
-def timed_steps(task: Any, state: Any, steps: int) -> tuple[Any, float]:
-    import jax
-
-    start = time.perf_counter()
-    for _ in range(steps):
-        state, metrics = task.train_step(state)
-    jax.block_until_ready(metrics)
-    return state, task.env_steps_per_train_step * steps / (time.perf_counter() - start)
 
 
 def measure(task_name: str, rounds: int, steps: int) -> dict[str, dict[str, float]]:
