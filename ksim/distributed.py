@@ -6,7 +6,6 @@ No task logic lives here. "Replicated" arrays have a leading device axis holding
 
 from __future__ import annotations
 
-import importlib.metadata
 import math
 import os
 import re
@@ -19,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from ksim.xla_setup import version_tuple
+from ksim.xla_setup import jaxlib_version_tuple
 
 Array = jax.Array
 
@@ -49,7 +48,7 @@ def cpu_thread_pool_size() -> int:
 
 def lapack_splits_batches(jaxlib_version: str | None = None) -> bool:
     """Whether jaxlib splits batched LAPACK calls over the CPU pool (0.10 and later): the deadlock below."""
-    return version_tuple(jaxlib_version or importlib.metadata.version("jaxlib")) >= (0, 10)
+    return jaxlib_version_tuple(jaxlib_version) >= (0, 10)
 
 
 def avoid_cpu_lapack_deadlock() -> None:
@@ -62,24 +61,6 @@ def avoid_cpu_lapack_deadlock() -> None:
     devices = requested_cpu_devices()
     if devices > 1 and not _configured_pool_size() and lapack_splits_batches():
         os.environ["PJRT_NPROC"] = str(max(len(os.sched_getaffinity(0)), devices + 1))
-
-
-YNN_FUSION_FLAG = "--xla_cpu_experimental_ynn_fusion_type"
-
-
-def keep_small_dots_off_ynnpack(jaxlib_version: str | None = None) -> None:
-    """Turns XLA:CPU's YNNPACK fusions off (jaxlib >= 0.10.1) unless XLA_FLAGS already sets them; before JAX starts.
-
-    From jaxlib 0.10.1 XLA:CPU hands batched dots and transposes to YNNPACK, whose packing and scheduling cost
-    more than the work for MJX's tiny per-env matrices (6x6 in the hopper's solver loop): about a third of
-    the CPU time went there (README, "Supported JAX versions"). Without them XLA emits those ops itself, as
-    jaxlib 0.10.0 and 0.9.2 did.
-    """
-    if version_tuple(jaxlib_version or importlib.metadata.version("jaxlib")) < (0, 10, 1):
-        return
-    flags = os.environ.get("XLA_FLAGS", "")
-    if YNN_FUSION_FLAG not in flags:
-        os.environ["XLA_FLAGS"] = f"{flags} {YNN_FUSION_FLAG}=".strip()
 
 
 def lapack_parallel_batch_threshold(nv: int) -> int:

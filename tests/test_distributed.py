@@ -11,16 +11,14 @@ from helpers import DistributedCartpoleTask, cartpole_config, distributed_cartpo
 
 from examples.cartpole import CartpoleTask
 from ksim.distributed import (
-    keep_small_dots_off_ynnpack,
     lapack_splits_batches,
     put_sharded,
     shard_env_axis,
     unshard_env_axis,
-    version_tuple,
 )
 from ksim.task.distributed_rl import ReplicaDivergenceError
 from ksim.task.rl import TrainState
-from ksim.xla_setup import quiet_cached_program_loads
+from ksim.xla_setup import keep_small_dots_off_ynnpack, quiet_cached_program_loads, version_tuple
 
 ONE_MINIBATCH = {"num_envs": 8, "batch_size": 8}
 
