@@ -57,6 +57,11 @@ class CheckpointMixin:
 
     def observation_layout(self) -> list[tuple[str, int]]:
         """(name, size) of each observation component, in the order they fill the observation vector."""
+        return list(self._observation_layout)
+
+    @functools.cached_property
+    def _observation_layout(self) -> tuple[tuple[str, int], ...]:
+        """Traced once per task: the metadata, the noise scales and `observation_dim` all read it."""
         engine = self.engine
 
         def components() -> list[Array]:
@@ -67,7 +72,7 @@ class CheckpointMixin:
             return [jnp.ravel(obs.observe(ctx)) for obs in self.observations]
 
         names = unique_names([obs.name for obs in self.observations])
-        return [(name, int(shape.size)) for name, shape in zip(names, jax.eval_shape(components), strict=True)]
+        return tuple((name, int(shape.size)) for name, shape in zip(names, jax.eval_shape(components), strict=True))
 
     def action_layout(self) -> dict[str, Any]:
         """What the action vector drives: actuator names in order, the actuator type and its action scale."""

@@ -282,8 +282,7 @@ class RLTask(EnvMixin, CheckpointMixin, EvaluationMixin, ABC, Generic[ConfigT]):
 
     @functools.cached_property
     def observation_dim(self) -> int:
-        episode = jax.eval_shape(self.start_episode, jax.random.PRNGKey(0))
-        return int(episode.obs.shape[-1])
+        return sum(size for _, size in self.observation_layout())
 
     @property
     def task_name(self) -> str:
