@@ -289,28 +289,43 @@ class PhysicsEngine:
         return self.mjx_model.replace(**fields) if fields else self.mjx_model
 
     def make_data(self, qpos: Array, qvel: Array, fields: dict[str, Array] | None = None) -> mjx.Data:
-        """Physics state at a given pose, with derived quantities (positions, contacts) computed."""
+        """Physics state at a given pose, with what depends on positions and velocities computed (bodies,
+        contacts, sensors); accelerations and forces stay zero until the first physics step computes them,
+        unless the model has acceleration-stage sensors (then this is the whole `mjx.forward`)."""
         model = self.model(fields)
         data = mjx.make_data(model).replace(qpos=qpos, qvel=qvel)
-        return mjx.forward(model, data)
+        if self.has_acceleration_sensors:
+            return mjx.forward(model, data)
+        return position_and_velocity(model, data)
+
+    @property
+    def has_acceleration_sensors(self) -> bool:
+        return bool(np.any(self.mj_model.sensor_needstage == mujoco.mjtStage.mjSTAGE_ACC))
 
     def step(
         self, data: mjx.Data, control: Callable[[mjx.Data], Array], fields: dict[str, Array] | None = None
     ) -> tuple[mjx.Data, Array]:
         """One control step; `control` is re-evaluated at every substep (a PD loop needs fresh state).
 
-        `mjx.step` leaves positions and velocities of bodies at the last substep's start; the position
-        and velocity kinematics are brought up to the final state so components read the state they act on.
+        `data` must have its position- and velocity-dependent quantities up to date (as `make_data` and this
+        method leave them). Each substep is `mjx.step` with its position and velocity stages moved from the
+        substep's start to its end: the same physics, but the state a control step returns has its bodies,
+        contacts and sensors computed for its final positions and velocities, without a second kinematics pass.
         """
         model = self.model(fields)
 
         def substep(data: mjx.Data, _: None) -> tuple[mjx.Data, Array]:
             ctrl = control(data)
-            return mjx.step(model, data.replace(ctrl=ctrl)), ctrl
+            data = integrate(model, accelerations(model, data.replace(ctrl=ctrl)))
+            return position_and_velocity(model, data), ctrl
 
         data, ctrls = jax.lax.scan(substep, data, None, length=self.num_substeps)
-        data = mjx.com_vel(model, mjx.com_pos(model, mjx.kinematics(model, data)))
         return data, ctrls[-1]
+
+    def velocities_changed(self, data: mjx.Data, fields: dict[str, Array] | None = None) -> mjx.Data:
+        """Brings the velocity-dependent quantities up to date after something (an event) changed `qvel`."""
+        model = self.model(fields)
+        return mjx.sensor_vel(model, mjx.fwd_velocity(model, data))
 
     def context(
         self,
@@ -323,6 +338,39 @@ class PhysicsEngine:
     ) -> StepContext:
         command = jnp.zeros(0) if command is None else command
         return StepContext(data, prev_data, action, last_action, ctrl, command, self.layout, self.ctrl_dt)
+
+
+def position_and_velocity(model: mjx.Model, data: mjx.Data) -> mjx.Data:
+    """The first half of `mjx.forward`: everything that depends on positions and velocities only."""
+    data = mjx.sensor_pos(model, mjx.fwd_position(model, data))
+    return mjx.sensor_vel(model, mjx.fwd_velocity(model, data))
+
+
+def accelerations(model: mjx.Model, data: mjx.Data) -> mjx.Data:
+    """The second half of `mjx.forward` (actuation, smooth and constrained accelerations), as MJX runs it."""
+    data = mjx.fwd_acceleration(model, mjx.fwd_actuation(model, data))
+    if _constraint_rows(data) == 0:
+        return data.replace(qacc=data.qacc_smooth)
+    return mjx.sensor_acc(model, mjx.solve(model, data))
+
+
+def _constraint_rows(data: mjx.Data) -> int:
+    # mjx.forward skips the solver for a model without constraint rows; the row count is static (the
+    # constraint Jacobian's shape), kept in the backend part of the data on current mujoco-mjx.
+    return int(getattr(data, "_impl", data).efc_J.shape[0])
+
+
+def integrate(model: mjx.Model, data: mjx.Data) -> mjx.Data:
+    """The integrator step of `mjx.step`, on data whose accelerations are computed."""
+    integrators = {
+        mujoco.mjtIntegrator.mjINT_EULER: mjx.euler,
+        mujoco.mjtIntegrator.mjINT_RK4: mjx.rungekutta4,
+        mujoco.mjtIntegrator.mjINT_IMPLICITFAST: mjx.implicit,
+    }
+    kind = mujoco.mjtIntegrator(int(model.opt.integrator))
+    if kind not in integrators:
+        raise ConfigError(f"integrator {kind.name} is not supported by MJX (use Euler, RK4 or implicitfast)")
+    return integrators[kind](model, data)
 
 
 def substeps_divide(ctrl_dt: float, dt: float) -> bool:

@@ -34,7 +34,7 @@ class Event(ABC):
 
     @abstractmethod
     def apply(self, data: mjx.Data, layout: ModelLayout, rng: Array) -> mjx.Data:
-        """The physics state right after the event."""
+        """The physics state right after the event; an event changes velocities (`qvel`), not positions."""
 
 
 @dataclass(frozen=True)

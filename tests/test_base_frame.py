@@ -121,16 +121,27 @@ def test_the_base_stays_put_on_a_fixed_root() -> None:
     np.testing.assert_allclose(ctx.base_lin_vel_world, 0.0, atol=1e-6)
 
 
-def test_post_step_kinematics_are_of_the_final_state() -> None:
+def test_a_control_step_is_mjx_steps_and_leaves_the_final_state_computed() -> None:
     mj_model = model(ROOTS["planar"])
     engine = PhysicsEngine.create(mj_model, ctrl_dt=0.02, dt=0.005)
     qpos, qvel = random_state(mj_model, 3)
     data = engine.make_data(jnp.asarray(qpos, jnp.float32), jnp.asarray(qvel, jnp.float32))
-    stepped, _ = jax.jit(lambda d: engine.step(d, lambda d: jnp.zeros(2)))(data)
+    ctrl = jnp.asarray([0.3, -0.2])
+    stepped, _ = jax.jit(lambda d: engine.step(d, lambda d: ctrl))(data)
+    plain = jax.jit(lambda d: jax.lax.fori_loop(0, 4, lambda _, d: mjx.step(engine.mjx_model, d), d))
+    expected = plain(data.replace(ctrl=ctrl))
+    np.testing.assert_allclose(stepped.qpos, expected.qpos, atol=1e-5)  # the same physics as mjx.step
+    np.testing.assert_allclose(stepped.qvel, expected.qvel, atol=1e-4)
     reference = mujoco.MjData(mj_model)
     reference.qpos[:], reference.qvel[:] = np.asarray(stepped.qpos), np.asarray(stepped.qvel)
     mujoco.mj_forward(mj_model, reference)
-    np.testing.assert_allclose(stepped.xpos, reference.xpos, atol=2e-5)
+    np.testing.assert_allclose(stepped.xpos, reference.xpos, atol=2e-5)  # bodies of the final state, not before it
+    np.testing.assert_allclose(stepped.cvel, reference.cvel, atol=1e-4)
+    # An event that changes velocities (a push) is reflected once the engine is told.
+    pushed = engine.velocities_changed(stepped.replace(qvel=stepped.qvel.at[0].add(1.0)))
+    reference.qvel[0] += 1.0
+    mujoco.mj_forward(mj_model, reference)
+    np.testing.assert_allclose(pushed.cvel, reference.cvel, atol=1e-4)
 
 
 def test_forward_progress_is_displacement_over_the_control_step() -> None:

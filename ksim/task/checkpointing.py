@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING, Any, cast
 
 import flax
 import jax
-import jax.numpy as jnp
 import mujoco
 import numpy as np
 from omegaconf import OmegaConf
@@ -51,6 +50,8 @@ class CheckpointMixin:
         command: Command | None
 
         @property
+        def observation_sizes(self) -> list[int]: ...
+        @property
         def task_name(self) -> str: ...
         def fetch_replicated(self, tree: Any) -> Any: ...
         def init_shared(self, rng: Array) -> SharedState: ...
@@ -61,18 +62,8 @@ class CheckpointMixin:
 
     @functools.cached_property
     def _observation_layout(self) -> tuple[tuple[str, int], ...]:
-        """Traced once per task: the metadata, the noise scales and `observation_dim` all read it."""
-        engine = self.engine
-
-        def components() -> list[Array]:
-            data = engine.make_data(jnp.asarray(engine.default_qpos, jnp.float32), jnp.zeros(engine.mj_model.nv))
-            no_action = jnp.zeros(engine.action_dim)
-            command = jnp.zeros(0 if self.command is None else self.command.size)
-            ctx = engine.context(data, data, no_action, no_action, data.ctrl, command)
-            return [jnp.ravel(obs.observe(ctx)) for obs in self.observations]
-
         names = unique_names([obs.name for obs in self.observations])
-        return tuple((name, int(shape.size)) for name, shape in zip(names, jax.eval_shape(components), strict=True))
+        return tuple(zip(names, self.observation_sizes, strict=True))
 
     def action_layout(self) -> dict[str, Any]:
         """What the action vector drives: actuator names in order, the actuator type and its action scale."""

@@ -100,6 +100,28 @@ class EnvMixin:
     def noise_scales(self) -> tuple[np.ndarray, np.ndarray]:
         return noise_scales(self.observations, [size for _, size in self.observation_layout()])
 
+    @functools.cached_property
+    def _start_shapes(self) -> tuple[Episode, list[jax.ShapeDtypeStruct]]:
+        """One trace of an episode start: the shapes of its state and of each observation component."""
+
+        def start(rng: Array) -> tuple[Episode, list[Array]]:
+            episode = self.start_episode(rng)
+            data, no_action = episode.data, episode.last_action
+            ctx = self.engine.context(data, data, no_action, no_action, data.ctrl, episode.command)
+            return episode, [jnp.ravel(obs.observe(ctx)) for obs in self.observations]
+
+        return jax.eval_shape(start, jax.random.PRNGKey(0))
+
+    @property
+    def episode_shape(self) -> Episode:
+        """One env's `Episode` as shapes and dtypes (`jax.ShapeDtypeStruct` leaves)."""
+        return self._start_shapes[0]
+
+    @property
+    def observation_sizes(self) -> list[int]:
+        """The size of each observation component, in the order they fill the observation vector."""
+        return [int(shape.size) for shape in self._start_shapes[1]]
+
     def noisy_observations(self, deterministic: bool) -> bool:
         """Noise goes into training rollouts; into evaluation only with eval_observation_noise."""
         has_noise = any(obs.noise > 0 for obs in self.observations)
@@ -151,6 +173,8 @@ class EnvMixin:
             self.events, episode.data, episode.event_timers, engine.layout, event_key, ctrl_dt
         )
         gain_scales, fields = episode.randomized.gain_scales, episode.randomized.model_fields
+        if self.events:  # events (pushes) change velocities; the physics step expects them reflected
+            data = engine.velocities_changed(data, fields)
         data, ctrl = engine.step(data, lambda data: self.actuators.ctrl(applied, data, gain_scales), fields)
         ctx = engine.context(data, episode.data, action, episode.last_action, ctrl, episode.command)
         diverged = physics_diverged(ctx)

@@ -107,13 +107,17 @@ ConfigT = TypeVar("ConfigT", bound=RLConfig)
 
 
 class EnvState(struct.PyTreeNode):
-    """Every env: its running episode and the start of its next one (computed ahead, once per rollout).
+    """Every env: its episode, whether that ended at the last control step, and the start of its next one.
 
-    Episode k of env i starts from `fold_in(reset_key[i], k)`, so env i's starts depend only on its own
-    key, never on when the pool is refilled or on which device (or with which other envs) it runs.
+    An env whose episode ended starts the next one at its next control step, from `next_start` (computed
+    ahead, a batch at a time). Episode k of env i starts from `fold_in(reset_key[i], k)`, so env i's starts
+    depend only on its own key, never on when the pool is refilled or on which device (or with which
+    other envs) it runs. A fresh state has no episode yet (`ended` everywhere): the first control step
+    starts every env's first episode, so the starts compile once, inside the rollout.
     """
 
-    current: Episode
+    current: Episode  # the running episode, or the one that ended at the last step (`ended`)
+    ended: Array
     next_start: Episode
     next_start_ready: Array
     episodes_started: Array
@@ -330,14 +334,15 @@ class RLTask(EnvMixin, CheckpointMixin, EvaluationMixin, ABC, Generic[ConfigT]):
     # ----- per-shard programs (leading env axis = this shard's envs) -----------------------------------------
 
     def reset_shard(self, env_keys: Array) -> EnvState:
-        """Every env's first episode; the next starts are computed at the first rollout."""
-        current = jax.vmap(self.start_episode)(jax.vmap(jax.random.fold_in, in_axes=(0, None))(env_keys, 0))
+        """Envs with no episode yet (zeros of an episode's shape): their first control step starts one."""
         num_envs = env_keys.shape[0]
+        no_episode = jax.tree.map(lambda leaf: jnp.zeros((num_envs, *leaf.shape), leaf.dtype), self.episode_shape)
         return EnvState(
-            current=current,
-            next_start=current,
+            current=no_episode,
+            ended=jnp.ones(num_envs, bool),
+            next_start=no_episode,
             next_start_ready=jnp.zeros(num_envs, bool),
-            episodes_started=jnp.ones(num_envs, jnp.int32),
+            episodes_started=jnp.zeros(num_envs, jnp.int32),
             reset_key=env_keys,
         )
 
@@ -366,14 +371,16 @@ class RLTask(EnvMixin, CheckpointMixin, EvaluationMixin, ABC, Generic[ConfigT]):
         return jax.lax.cond(jnp.any(needed), self.refill_next_starts, lambda env: env, env)
 
     def step_shard(self, shared: SharedState, env: EnvState) -> tuple[EnvState, Transition]:
-        """One control step of every env; an env whose episode ended starts its next one."""
-        stepped, transition = jax.vmap(self.step_env, in_axes=(None, 0))(shared, env.current)
-        done = transition.trajectory.terminated | transition.trajectory.truncated
-        env = self.refill_if(done & ~env.next_start_ready, env)  # an env ending twice since the last refill
+        """One control step of every env; an env whose episode ended at the last step first starts its next."""
+        starting = env.ended
+        env = self.refill_if(starting & ~env.next_start_ready, env)
+        current = select_envs(starting, env.next_start, env.current)
+        stepped, transition = jax.vmap(self.step_env, in_axes=(None, 0))(shared, current)
         env = env.replace(
-            current=select_envs(done, env.next_start, stepped),
-            next_start_ready=env.next_start_ready & ~done,
-            episodes_started=env.episodes_started + done,
+            current=stepped,
+            ended=transition.trajectory.terminated | transition.trajectory.truncated,
+            next_start_ready=env.next_start_ready & ~starting,
+            episodes_started=env.episodes_started + starting,
         )
         return env, transition
 
