@@ -307,10 +307,11 @@ class PhysicsEngine:
     ) -> tuple[mjx.Data, Array]:
         """One control step; `control` is re-evaluated at every substep (a PD loop needs fresh state).
 
-        `data` must have its position- and velocity-dependent quantities up to date (as `make_data` and this
-        method leave them). Each substep is `mjx.step` with its position and velocity stages moved from the
-        substep's start to its end: the same physics, but the state a control step returns has its bodies,
-        contacts and sensors computed for its final positions and velocities, without a second kinematics pass.
+        `data` must have its position- and velocity-dependent quantities up to date for the model that
+        `fields` give (as `make_data` with the same fields, and this method, leave them). Each substep is
+        `mjx.step` with its position and velocity stages moved from the substep's start to its end: the same
+        physics, but the state a control step returns has its bodies, contacts and sensors computed for its
+        final positions and velocities, without a second kinematics pass.
         """
         model = self.model(fields)
 

@@ -91,8 +91,11 @@ def test_commands_and_timers_are_drawn_per_env_at_episode_start(starts: list) ->
 
 def test_mass_randomization_changes_the_dynamics() -> None:
     engine = PhysicsEngine.create(load_mujoco_model("cartpole.xml"), ctrl_dt=0.02, dt=0.01)
-    data = engine.make_data(jnp.asarray(engine.default_qpos, jnp.float32), jnp.zeros(engine.mj_model.nv))
-    step = jax.jit(lambda fields: engine.step(data, lambda _: jnp.ones(1), fields)[0].qvel)
+    qpos, qvel = jnp.asarray(engine.default_qpos, jnp.float32), jnp.zeros(engine.mj_model.nv)
+    # An episode's data is made with its model fields, and stepped with them.
+    step = jax.jit(
+        lambda fields: engine.step(engine.make_data(qpos, qvel, fields), lambda _: jnp.ones(1), fields)[0].qvel
+    )
     mass = jnp.asarray(engine.mj_model.body_mass)
     light, heavy = step({"body_mass": mass}), step({"body_mass": mass.at[1].multiply(3.0)})
     assert float(light[0]) == pytest.approx(3.0 * float(heavy[0]), rel=0.05)  # same push, a 3x heavier cart
