@@ -294,9 +294,7 @@ class PhysicsEngine:
         unless the model has acceleration-stage sensors (then this is the whole `mjx.forward`)."""
         model = self.model(fields)
         data = mjx.make_data(model).replace(qpos=qpos, qvel=qvel)
-        if self.has_acceleration_sensors:
-            return mjx.forward(model, data)
-        return position_and_velocity(model, data)
+        return (traced_forward if self.has_acceleration_sensors else traced_position_and_velocity)(model, data)
 
     @property
     def has_acceleration_sensors(self) -> bool:
@@ -317,8 +315,7 @@ class PhysicsEngine:
 
         def substep(data: mjx.Data, _: None) -> tuple[mjx.Data, Array]:
             ctrl = control(data)
-            data = integrate(model, accelerations(model, data.replace(ctrl=ctrl)))
-            return position_and_velocity(model, data), ctrl
+            return traced_physics_step(model, data.replace(ctrl=ctrl)), ctrl
 
         data, ctrls = jax.lax.scan(substep, data, None, length=self.num_substeps)
         return data, ctrls[-1]
@@ -372,6 +369,19 @@ def integrate(model: mjx.Model, data: mjx.Data) -> mjx.Data:
     if kind not in integrators:
         raise ConfigError(f"integrator {kind.name} is not supported by MJX (use Euler, RK4 or implicitfast)")
     return integrators[kind](model, data)
+
+
+def physics_step(model: mjx.Model, data: mjx.Data) -> mjx.Data:
+    """One `mjx.step` with its position and velocity stages moved to the end (see `PhysicsEngine.step`)."""
+    return position_and_velocity(model, integrate(model, accelerations(model, data)))
+
+
+# MJX's Python takes seconds to trace. Under `jax.jit` each is traced once per process for given shapes and
+# reused by every program that starts or steps an env (train step, evaluation, the episode's shape);
+# XLA inlines the calls, so the compiled programs are the same.
+traced_physics_step = jax.jit(physics_step)
+traced_position_and_velocity = jax.jit(position_and_velocity)
+traced_forward = jax.jit(mjx.forward)
 
 
 def substeps_divide(ctrl_dt: float, dt: float) -> bool:
