@@ -23,6 +23,7 @@ import argparse
 import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -111,7 +112,25 @@ def run_worker(framework: str, devices: int, settings: dict[str, Any], python: P
     return report
 
 
-def print_table(results: dict[tuple[str, int], dict[str, Any]], device_counts: list[int]) -> None:
+def physics_only_sps(python: Path) -> float:
+    """Control steps/s of the same model's MJX physics alone (benchmarks/mjx_physics_only.py, one device):
+    the same envs and substeps with random controls, no policy, no learning, no framework."""
+    substeps = round(SETTINGS["ctrl_dt"] / SETTINGS["dt"])
+    xml = ROOT / "ksim" / "assets" / "hopper.xml"
+    script = ROOT / "benchmarks" / "mjx_physics_only.py"
+    command = [str(python), str(script), str(xml), str(SETTINGS["num_envs"]), str(substeps)]
+    env = {key: value for key, value in os.environ.items() if key not in ("XLA_FLAGS", "PJRT_NPROC")}
+    result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, check=True)
+    match = re.search(r"control steps/s median (\d+)", result.stdout)
+    if match is None:
+        raise RuntimeError(f"unexpected output of {script.name}: {result.stdout[-500:]}")
+    print(f"MJX physics alone: {result.stdout.strip()}", file=sys.stderr, flush=True)
+    return float(match.group(1))
+
+
+def print_table(
+    results: dict[tuple[str, int], dict[str, Any]], device_counts: list[int], physics: float | None
+) -> None:
     ksim_jax = {results["ksim", d]["jax"] for d in device_counts}
     brax_jax = {results["brax", d]["jax"] for d in device_counts}
     steps = results["ksim", device_counts[0]]["env_steps"]
@@ -140,6 +159,12 @@ def print_table(results: dict[tuple[str, int], dict[str, Any]], device_counts: l
         for name in ("ksim", "brax"):
             ratio = results[name, last]["steady_sps"] / results[name, first]["steady_sps"]
             print(f"{name}: {last} devices / {first} device steady env-steps/s = {ratio:.2f}")
+    if physics is not None:
+        ksim_share, brax_share = (results[name, 1]["steady_sps"] / physics for name in ("ksim", "brax"))
+        print(
+            f"MJX physics alone, 1 device (same model, envs and substeps, random controls): {physics:,.0f} "
+            f"control steps/s; ksim's training runs at {ksim_share:.2f} of it, Brax's at {brax_share:.2f}"
+        )
     if any(results["ksim", d]["components"] != EXPECTED_COMPONENTS for d in device_counts):
         print("WARNING: examples/hopper.py's components changed; the Brax env no longer mirrors them.")
 
@@ -163,7 +188,11 @@ def main() -> None:
                 if args.results:
                     args.results.write_text(json.dumps(saved, indent=1))
             results[framework, devices] = saved[key]
-    print_table(results, args.devices)
+    if 1 in args.devices and "physics x1" not in saved:  # the ceiling for both: their physics, nothing else
+        saved["physics x1"] = physics_only_sps(Path(sys.executable))
+        if args.results:
+            args.results.write_text(json.dumps(saved, indent=1))
+    print_table(results, args.devices, saved.get("physics x1") if 1 in args.devices else None)
 
 
 if __name__ == "__main__":
