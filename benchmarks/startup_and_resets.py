@@ -26,14 +26,25 @@ ROLLOUT = {"num_envs": 256, "rollout_length_frames": 64, "batch_size": 64}
 
 
 def per_step_reset_task(base: type) -> type:
-    """The task as before the pool: a full reset computed for every env at every control step, kept where
-    an episode ended."""
+    """The task as before the pool: a full reset (a whole `mjx.forward`) computed for every env at every
+    control step, kept where an episode ended."""
     import jax
     import jax.numpy as jnp
 
+    from ksim.engine import PhysicsEngine
     from ksim.task.rl import select_envs
 
+    class WholeForwardEngine(PhysicsEngine):
+        @property
+        def has_acceleration_sensors(self) -> bool:
+            return True  # makes `make_data` run the whole mjx.forward, as every reset did then
+
     class PerStepReset(base):  # type: ignore[misc, valid-type]
+        def get_engine(self) -> PhysicsEngine:
+            engine = super().get_engine()
+            fields = {field.name: getattr(engine, field.name) for field in dataclasses.fields(engine)}
+            return WholeForwardEngine(**fields)
+
         def refill_if(self, needed: Any, env: Any) -> Any:
             keys = jax.vmap(jax.random.fold_in)(env.reset_key, env.episodes_started)
             fresh = jax.vmap(self.start_episode)(keys)
@@ -66,6 +77,7 @@ def trained_shared(config: Any) -> Any:
 def resets(rounds: int) -> None:
     import jax
 
+    import ksim  # noqa: F401  (before jax: its process settings)
     from examples.cartpole import DEFAULT_CONFIG, CartpoleTask
 
     config = dataclasses.replace(DEFAULT_CONFIG, **ROLLOUT)
