@@ -6,7 +6,7 @@ most 500, and a return over 1000 means more than 10 m forward. On a 2-core CPU
 
     python -m examples.hopper                                       # train: ~4 min, 2M env steps
 
-passes an evaluation return of 1000 after 1.6M env steps (~3 min) and ends near 1500 (~2 m/s, no falls).
+passes an evaluation return of 1000 after about 1.4M env steps (~3 min) and ends near 1500 (~2 m/s, no falls).
 The same envs on 2 forced CPU devices, and a video of the trained policy (with MUJOCO_GL=egl or osmesa):
 
     XLA_FLAGS=--xla_force_host_platform_device_count=2 python -m examples.hopper
