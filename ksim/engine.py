@@ -265,6 +265,12 @@ class PhysicsEngine:
     @classmethod
     def create(cls, mj_model: mujoco.MjModel, ctrl_dt: float, dt: float, base_body: str | None = None) -> PhysicsEngine:
         mj_model.opt.timestep = dt
+        integrator = mujoco.mjtIntegrator(int(mj_model.opt.integrator))
+        if integrator not in INTEGRATORS:
+            raise ConfigError(
+                f"the model's integrator {integrator.name.removeprefix('mjINT_')} is not supported by MJX: "
+                "set <option integrator=...> to Euler, RK4 or implicitfast"
+            )
         default_qpos = mj_model.key_qpos[0].copy() if mj_model.nkey > 0 else mj_model.qpos0.copy()
         return cls(
             mj_model=mj_model,
@@ -322,8 +328,7 @@ class PhysicsEngine:
 
     def velocities_changed(self, data: mjx.Data, fields: dict[str, Array] | None = None) -> mjx.Data:
         """Brings the velocity-dependent quantities up to date after something (an event) changed `qvel`."""
-        model = self.model(fields)
-        return mjx.sensor_vel(model, mjx.fwd_velocity(model, data))
+        return velocity_stage(self.model(fields), data)
 
     def context(
         self,
@@ -340,7 +345,11 @@ class PhysicsEngine:
 
 def position_and_velocity(model: mjx.Model, data: mjx.Data) -> mjx.Data:
     """The first half of `mjx.forward`: everything that depends on positions and velocities only."""
-    data = mjx.sensor_pos(model, mjx.fwd_position(model, data))
+    return velocity_stage(model, mjx.sensor_pos(model, mjx.fwd_position(model, data)))
+
+
+def velocity_stage(model: mjx.Model, data: mjx.Data) -> mjx.Data:
+    """What depends on velocities (given the position stage): com velocities, passive and bias forces, sensors."""
     return mjx.sensor_vel(model, mjx.fwd_velocity(model, data))
 
 
@@ -358,17 +367,16 @@ def _constraint_rows(data: mjx.Data) -> int:
     return int(getattr(data, "_impl", data).efc_J.shape[0])
 
 
+INTEGRATORS = {
+    mujoco.mjtIntegrator.mjINT_EULER: mjx.euler,
+    mujoco.mjtIntegrator.mjINT_RK4: mjx.rungekutta4,
+    mujoco.mjtIntegrator.mjINT_IMPLICITFAST: mjx.implicit,
+}
+
+
 def integrate(model: mjx.Model, data: mjx.Data) -> mjx.Data:
     """The integrator step of `mjx.step`, on data whose accelerations are computed."""
-    integrators = {
-        mujoco.mjtIntegrator.mjINT_EULER: mjx.euler,
-        mujoco.mjtIntegrator.mjINT_RK4: mjx.rungekutta4,
-        mujoco.mjtIntegrator.mjINT_IMPLICITFAST: mjx.implicit,
-    }
-    kind = mujoco.mjtIntegrator(int(model.opt.integrator))
-    if kind not in integrators:
-        raise ConfigError(f"integrator {kind.name} is not supported by MJX (use Euler, RK4 or implicitfast)")
-    return integrators[kind](model, data)
+    return INTEGRATORS[mujoco.mjtIntegrator(int(model.opt.integrator))](model, data)
 
 
 def physics_step(model: mjx.Model, data: mjx.Data) -> mjx.Data:

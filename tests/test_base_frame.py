@@ -128,7 +128,7 @@ def test_a_control_step_is_mjx_steps_and_leaves_the_final_state_computed() -> No
     data = engine.make_data(jnp.asarray(qpos, jnp.float32), jnp.asarray(qvel, jnp.float32))
     ctrl = jnp.asarray([0.3, -0.2])
     stepped, _ = jax.jit(lambda d: engine.step(d, lambda d: ctrl))(data)
-    plain = jax.jit(lambda d: jax.lax.fori_loop(0, 4, lambda _, d: mjx.step(engine.mjx_model, d), d))
+    plain = jax.jit(lambda d: jax.lax.fori_loop(0, engine.num_substeps, lambda _, d: mjx.step(engine.mjx_model, d), d))
     expected = plain(data.replace(ctrl=ctrl))
     np.testing.assert_allclose(stepped.qpos, expected.qpos, atol=1e-5)  # the same physics as mjx.step
     np.testing.assert_allclose(stepped.qvel, expected.qvel, atol=1e-4)
@@ -142,6 +142,51 @@ def test_a_control_step_is_mjx_steps_and_leaves_the_final_state_computed() -> No
     reference.qvel[0] += 1.0
     mujoco.mj_forward(mj_model, reference)
     np.testing.assert_allclose(pushed.cvel, reference.cvel, atol=1e-4)
+
+
+SENSOR_MODEL = """
+<mujoco>
+  <option integrator="{integrator}"/>
+  <worldbody>
+    <geom type="plane" size="5 5 .1"/>
+    <body name="box" pos="0 0 .3">
+      <freejoint/>
+      <geom type="box" size=".1 .1 .1"/>
+      <site name="imu"/>
+    </body>
+  </worldbody>
+  <sensor>
+    <framepos objtype="site" objname="imu"/>
+    <velocimeter site="imu"/>
+    {acceleration_sensor}
+  </sensor>
+</mujoco>
+"""
+
+
+@pytest.mark.parametrize("with_accelerometer", [False, True])
+def test_an_episode_start_computes_what_the_models_sensors_need(with_accelerometer: bool) -> None:
+    xml = SENSOR_MODEL.format(
+        integrator="Euler", acceleration_sensor='<accelerometer site="imu"/>' if with_accelerometer else ""
+    )
+    mj_model = mujoco.MjModel.from_xml_string(xml)
+    engine = PhysicsEngine.create(mj_model, ctrl_dt=0.02, dt=0.005)
+    assert engine.has_acceleration_sensors == with_accelerometer
+    qvel = np.array([0.3, 0.0, -0.2, 0.0, 0.5, 0.0])
+    data = engine.make_data(jnp.asarray(mj_model.qpos0, jnp.float32), jnp.asarray(qvel, jnp.float32))
+    reference = mujoco.MjData(mj_model)
+    reference.qvel[:] = qvel
+    mujoco.mj_forward(mj_model, reference)
+    # Position and velocity sensors always; the accelerometer (gravity, 9.81 up) only where the model has one.
+    np.testing.assert_allclose(data.sensordata, reference.sensordata, atol=1e-4)
+    if not with_accelerometer:
+        np.testing.assert_array_equal(data.qacc, 0.0)  # accelerations come with the first physics step
+
+
+def test_an_integrator_mjx_lacks_is_refused_when_the_engine_is_built() -> None:
+    mj_model = mujoco.MjModel.from_xml_string(SENSOR_MODEL.format(integrator="implicit", acceleration_sensor=""))
+    with pytest.raises(ConfigError, match=r"integrator IMPLICIT is not supported by MJX: set <option integrator"):
+        PhysicsEngine.create(mj_model, ctrl_dt=0.02, dt=0.005)
 
 
 def test_forward_progress_is_displacement_over_the_control_step() -> None:
