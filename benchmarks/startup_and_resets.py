@@ -21,6 +21,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import ksim  # noqa: F401  (before JAX starts: its process settings, e.g. the log level of cached program loads)
+
 ROOT = Path(__file__).resolve().parents[1]
 ROLLOUT = {"num_envs": 256, "rollout_length_frames": 64, "batch_size": 64}
 
@@ -77,7 +79,6 @@ def trained_shared(config: Any) -> Any:
 def resets(rounds: int) -> None:
     import jax
 
-    import ksim  # noqa: F401  (before jax: its process settings)
     from examples.cartpole import DEFAULT_CONFIG, CartpoleTask
 
     config = dataclasses.replace(DEFAULT_CONFIG, **ROLLOUT)
