@@ -379,17 +379,19 @@ def integrate(model: mjx.Model, data: mjx.Data) -> mjx.Data:
     return INTEGRATORS[mujoco.mjtIntegrator(int(model.opt.integrator))](model, data)
 
 
-def physics_step(model: mjx.Model, data: mjx.Data) -> mjx.Data:
-    """One `mjx.step` with its position and velocity stages moved to the end (see `PhysicsEngine.step`)."""
-    return position_and_velocity(model, integrate(model, accelerations(model, data)))
-
-
 # MJX's Python takes seconds to trace. Under `jax.jit` each is traced once per process for given shapes and
-# reused by every program that starts or steps an env (train step, evaluation, the episode's shape);
-# XLA inlines the calls, so the compiled programs are the same.
-traced_physics_step = jax.jit(physics_step)
+# reused by every program that starts or steps an env (train step, evaluation, the episode's shape) and by
+# the physics step itself; XLA inlines the calls, so the compiled programs are the same.
 traced_position_and_velocity = jax.jit(position_and_velocity)
 traced_forward = jax.jit(mjx.forward)
+
+
+def physics_step(model: mjx.Model, data: mjx.Data) -> mjx.Data:
+    """One `mjx.step` with its position and velocity stages moved to the end (see `PhysicsEngine.step`)."""
+    return traced_position_and_velocity(model, integrate(model, accelerations(model, data)))
+
+
+traced_physics_step = jax.jit(physics_step)
 
 
 def substeps_divide(ctrl_dt: float, dt: float) -> bool:
