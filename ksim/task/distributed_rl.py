@@ -31,7 +31,6 @@ from ksim.distributed import (
     split_keys_per_device,
     unreplicate,
 )
-from ksim.task.loop import report_compile
 from ksim.task.rl import Program, RLConfig, RLTask, TrainState
 
 Array = jax.Array
@@ -204,16 +203,15 @@ class DistributedRLTask(RLTask[DistributedConfigT]):
     def _replica_check_program(self) -> Program:
         return make_replica_check(self.axis_name, self.devices)
 
-    def precompile(self, state: TrainState, verbose: bool = True) -> None:
+    def ahead_of_time_programs(self, state: TrainState) -> dict[str, tuple[str, Callable[[], Any]]]:
         """Also the replica check and the local-SGD average, so nothing compiles mid-training."""
-        super().precompile(state, verbose)
+        programs = super().ahead_of_time_programs(state)
         if self.config.consistency_check_every_n_steps:
-            with report_compile("replica check", verbose):
-                tree = {"shared": state.shared, "rng": state.rng}
-                self._compiled["replica_check"] = self._replica_check_program.lower(tree).compile()
+            tree = {"shared": state.shared, "rng": state.rng}
+            programs["replica_check"] = ("replica check", lambda: self._replica_check_program.lower(tree))
         if self.config.grad_sync_period > 1:
-            with report_compile("local-SGD average", verbose):
-                self._compiled["average"] = self._average_shared_program.lower(state).compile()
+            programs["average"] = ("local-SGD average", lambda: self._average_shared_program.lower(state))
+        return programs
 
     def is_sync_point(self, step: int) -> bool:
         return step % self.config.grad_sync_period == 0

@@ -12,8 +12,9 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
@@ -111,13 +112,12 @@ class Watchdog:
 
 
 class CacheEvents:
-    """Counts persistent-compilation-cache hits and misses reported through `jax.monitoring`."""
+    """Counts persistent-compilation-cache hits and misses reported through `jax.monitoring`, per thread."""
 
     _instance: CacheEvents | None = None
 
     def __init__(self) -> None:
-        self.hits = 0
-        self.misses = 0
+        self._counts: dict[int, list[int]] = {}  # thread id -> [hits, misses]
         jax.monitoring.register_event_listener(self._on_event)
 
     @classmethod
@@ -127,25 +127,59 @@ class CacheEvents:
         return cls._instance
 
     def _on_event(self, event: str, **kwargs: Any) -> None:
-        if event == CACHE_HIT_EVENT:
-            self.hits += 1
-        elif event == CACHE_MISS_EVENT:
-            self.misses += 1
+        if event in (CACHE_HIT_EVENT, CACHE_MISS_EVENT):  # reported on the thread that compiles
+            counts = self._counts.setdefault(threading.get_ident(), [0, 0])
+            counts[event == CACHE_MISS_EVENT] += 1
+
+    def this_thread(self) -> tuple[int, int]:
+        """(hits, misses) so far on the calling thread."""
+        hits, misses = self._counts.get(threading.get_ident(), (0, 0))
+        return hits, misses
 
 
-@contextmanager
-def report_compile(what: str, enabled: bool) -> Iterator[None]:
-    """Prints what is compiling, then how long it took and whether the persistent cache had it."""
+@dataclass(frozen=True)
+class CompileReport:
+    """One program compiled ahead of time: how long from the start of its tracing, and the cache's answers."""
+
+    seconds: float
+    cache_hits: int
+    cache_misses: int
+
+    def __str__(self) -> str:
+        if not self.cache_hits and not self.cache_misses:
+            return f"{self.seconds:.1f} s (cache off)"
+        return f"{self.seconds:.1f} s (cache: {self.cache_hits} hit(s), {self.cache_misses} miss(es))"
+
+
+def _compile(lowered: Any, started: float) -> tuple[Any, CompileReport]:
     events = CacheEvents.get()
-    hits, misses = events.hits, events.misses
-    if enabled:
-        print(f"compiling {what} ...", end="", flush=True)
-    start = time.perf_counter()
-    yield
-    if enabled:
-        new_hits, new_misses = events.hits - hits, events.misses - misses
-        cache = f"cache: {new_hits} hit(s), {new_misses} miss(es)" if new_hits or new_misses else "cache off"
-        print(f" {time.perf_counter() - start:.1f} s ({cache})", flush=True)
+    hits, misses = events.this_thread()
+    compiled = lowered.compile()
+    new_hits, new_misses = events.this_thread()
+    return compiled, CompileReport(time.perf_counter() - started, new_hits - hits, new_misses - misses)
+
+
+def compile_programs(programs: dict[str, tuple[str, Callable[[], Any]]], verbose: bool) -> dict[str, Any]:
+    """Compiles programs ahead of time: {name: (what the log calls it, a function lowering it)} -> {name: executable}.
+
+    Tracing and lowering are Python and run here, one program after another; each program's XLA compile (or
+    its load from the persistent cache) runs on a worker thread, which releases the GIL, so it overlaps the
+    tracing of the programs after it. One line names them all, then one line per program says how long it
+    took from the start of its tracing and what the cache had.
+    """
+    if verbose:
+        print(f"compiling {', '.join(what for what, _ in programs.values())} ...", flush=True)
+    with ThreadPoolExecutor(max_workers=max(len(programs), 1), thread_name_prefix="ksim-compile") as pool:
+        futures = {}
+        for name, (_, lower) in programs.items():
+            started = time.perf_counter()
+            futures[name] = pool.submit(_compile, lower(), started)
+        executables = {}
+        for name, future in futures.items():
+            executables[name], report = future.result()
+            if verbose:
+                print(f"  {programs[name][0]}: {report}", flush=True)
+    return executables
 
 
 def run_training(task: RLTask[Any]) -> TrainState:

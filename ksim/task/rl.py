@@ -50,7 +50,7 @@ from ksim.rewards import Reward
 from ksim.task.checkpointing import CheckpointMixin
 from ksim.task.env import EnvMixin, Episode, Trajectory, Transition
 from ksim.task.evaluation import EvaluationMixin
-from ksim.task.loop import report_compile, run_training
+from ksim.task.loop import compile_programs, run_training
 from ksim.terminations import Termination
 
 Array = jax.Array
@@ -467,16 +467,20 @@ class RLTask(EnvMixin, CheckpointMixin, EvaluationMixin, ABC, Generic[ConfigT]):
     def train_step(self, state: TrainState) -> tuple[TrainState, Metrics]:
         return self.program("train_step", self._train_step_program)(state)
 
+    def ahead_of_time_programs(self, state: TrainState) -> dict[str, tuple[str, Callable[[], Any]]]:
+        """What `precompile` compiles: {name in `program`: (what the log calls it, a function lowering it)}."""
+        programs: dict[str, tuple[str, Callable[[], Any]]] = {
+            "train_step": ("train step", lambda: self._train_step_program.lower(state))
+        }
+        if self.config.eval_every_n_steps:
+            eval_inputs = self.eval_inputs(self.fetch_replicated(state.shared))
+            programs["eval"] = ("evaluation", lambda: self._eval_program.lower(*eval_inputs))
+        return programs
+
     def precompile(self, state: TrainState, verbose: bool = True) -> None:
         """Compiles every program the run will call before the first train step (ahead of time)."""
         self._checkpoint_metadata  # noqa: B018 -- the observation layout is traced once, here, not at the first save
-        with report_compile("train step", verbose):
-            self._compiled["train_step"] = self._train_step_program.lower(state).compile()
-        if self.config.eval_every_n_steps:
-            with report_compile("evaluation", verbose):
-                self._compiled["eval"] = self._eval_program.lower(
-                    *self.eval_inputs(self.fetch_replicated(state.shared))
-                ).compile()
+        self._compiled |= compile_programs(self.ahead_of_time_programs(state), verbose)
 
     # ----- state ----------------------------------------------------------------------------------------------
 
