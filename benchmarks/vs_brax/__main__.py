@@ -7,14 +7,14 @@ ksim runs examples/hopper.py:HopperTask in this interpreter's environment. Brax 
 mirror of that task on the same MJCF (ksim/assets/hopper.xml) in its own virtual environment,
 benchmarks/vs_brax/.venv, which this script builds on first use from requirements.txt (git-ignored; not the
 project's .venv). Each (framework, device count) runs in a fresh process with that many forced CPU devices,
-one after the other, with the same PPO settings and env-step budget. Both count time the same way: training
-runs in `timing_chunks` equal chunks (Brax's epochs); steady env-steps/s is the median of the chunks after
-the first, and compile time is the whole training's wall time (from building the env or task) minus what its
-env steps take at steady speed (Brax compiles part of its loop after the first epoch). Env-steps per
-CPU-second (all threads of the process, median over the chunks after the first) is printed too: on a shared
-machine it moves less with other load than wall-clock rates. The return
-is the mean over `eval_episodes` deterministic episodes after the whole budget, on both sides at the same
-env-step count.
+one after the other, with the same PPO settings and env-step budget; `--rounds N` runs each N times,
+alternating which framework goes first, and shows the medians, then each round's ratios. Both count time the
+same way: training runs in `timing_chunks` equal chunks (Brax's epochs); steady env-steps/s is the median of
+the chunks after the first, and compile time is the whole training's wall time (from building the env or
+task) minus what its env steps take at steady speed (Brax compiles part of its loop after the first epoch).
+Env-steps per CPU-second (all threads of the process, median over the chunks after the first) is printed too:
+on a shared machine it moves less with other load than wall-clock rates. The return is the mean over
+`eval_episodes` deterministic episodes after the whole budget, on both sides at the same env-step count.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import hashlib
 import json
 import os
 import re
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -169,30 +170,54 @@ def print_table(
         print("WARNING: examples/hopper.py's components changed; the Brax env no longer mirrors them.")
 
 
+def median_report(reports: list[dict[str, Any]]) -> dict[str, Any]:
+    """One report from several rounds: the median of each timing, the rest from the first round."""
+    timings = ("steady_sps", "compile_s", "steps_per_cpu_s")
+    return reports[0] | {key: statistics.median(report[key] for report in reports) for key in timings}
+
+
+def print_rounds(runs: dict[tuple[str, int], list[dict[str, Any]]], device_counts: list[int]) -> None:
+    """Each round's ksim/Brax ratios, for a look at how much they move between rounds."""
+    for d in device_counts:
+        pairs = list(zip(runs["ksim", d], runs["brax", d], strict=True))
+        steady = ", ".join(f"{k['steady_sps'] / b['steady_sps']:.2f}" for k, b in pairs)
+        compile_s = ", ".join(f"{k['compile_s'] / b['compile_s']:.2f}" for k, b in pairs)
+        print(f"{d} device(s), ksim/brax per round: steady {steady}; compile {compile_s}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--devices", type=int, nargs="+", default=[1, 2], help="forced CPU device counts")
     parser.add_argument("--train-steps", type=int, default=SETTINGS["train_steps"], help="of 8,192 env steps")
+    parser.add_argument("--rounds", type=int, default=1, help="runs of each (framework, devices); medians are shown")
     parser.add_argument("--brax-python", type=Path, help="an existing Brax interpreter instead of .venv's")
     parser.add_argument("--results", type=Path, help="JSON file of finished runs: reused, and extended as runs end")
     args = parser.parse_args()
+    if args.rounds < 1:
+        parser.error(f"--rounds={args.rounds} must be at least 1")
     settings = SETTINGS | {"train_steps": args.train_steps}
     brax = args.brax_python or brax_python()
     saved = json.loads(args.results.read_text()) if args.results and args.results.exists() else {}
-    results = {}
-    for devices in args.devices:
-        for framework, python in (("ksim", Path(sys.executable)), ("brax", brax)):
-            key = f"{framework} x{devices}"
-            if key not in saved:
-                saved[key] = run_worker(framework, devices, settings, python)
-                if args.results:
-                    args.results.write_text(json.dumps(saved, indent=1))
-            results[framework, devices] = saved[key]
-    if 1 in args.devices and "physics x1" not in saved:  # the ceiling for both: their physics, nothing else
+    runs: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    frameworks = (("ksim", Path(sys.executable)), ("brax", brax))
+    for round_index in range(args.rounds):
+        for devices in args.devices:
+            # Alternate which framework goes first, so a drift in the machine's speed does not favour one.
+            for framework, python in frameworks if round_index % 2 == 0 else frameworks[::-1]:
+                key = f"{framework} x{devices}" + (f" #{round_index + 1}" if round_index else "")
+                if key not in saved:
+                    saved[key] = run_worker(framework, devices, settings, python)
+                    if args.results:
+                        args.results.write_text(json.dumps(saved, indent=1))
+                runs.setdefault((framework, devices), []).append(saved[key])
+    if 1 in args.devices and "physics x1" not in saved:  # the same physics with nothing else, for reference
         saved["physics x1"] = physics_only_sps(Path(sys.executable))
         if args.results:
             args.results.write_text(json.dumps(saved, indent=1))
+    results = {key: median_report(reports) for key, reports in runs.items()}
     print_table(results, args.devices, saved.get("physics x1") if 1 in args.devices else None)
+    if args.rounds > 1:
+        print_rounds(runs, args.devices)
 
 
 if __name__ == "__main__":
