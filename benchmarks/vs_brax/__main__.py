@@ -20,6 +20,7 @@ on a shared machine it moves less with other load than wall-clock rates. The ret
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
 import os
@@ -27,6 +28,7 @@ import re
 import statistics
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -198,6 +200,15 @@ def main() -> None:
     settings = SETTINGS | {"train_steps": args.train_steps}
     brax = args.brax_python or brax_python()
     saved = json.loads(args.results.read_text()) if args.results and args.results.exists() else {}
+
+    def measured(key: str, measure: Callable[[], Any]) -> Any:
+        """The saved result under `key`, else a new measurement, saved as soon as it ends."""
+        if key not in saved:
+            saved[key] = measure()
+            if args.results:
+                args.results.write_text(json.dumps(saved, indent=1))
+        return saved[key]
+
     runs: dict[tuple[str, int], list[dict[str, Any]]] = {}
     frameworks = (("ksim", Path(sys.executable)), ("brax", brax))
     for round_index in range(args.rounds):
@@ -205,17 +216,12 @@ def main() -> None:
             # Alternate which framework goes first, so a drift in the machine's speed does not favour one.
             for framework, python in frameworks if round_index % 2 == 0 else frameworks[::-1]:
                 key = f"{framework} x{devices}" + (f" #{round_index + 1}" if round_index else "")
-                if key not in saved:
-                    saved[key] = run_worker(framework, devices, settings, python)
-                    if args.results:
-                        args.results.write_text(json.dumps(saved, indent=1))
-                runs.setdefault((framework, devices), []).append(saved[key])
-    if 1 in args.devices and "physics x1" not in saved:  # the same physics with nothing else, for reference
-        saved["physics x1"] = physics_only_sps(Path(sys.executable))
-        if args.results:
-            args.results.write_text(json.dumps(saved, indent=1))
+                report = measured(key, functools.partial(run_worker, framework, devices, settings, python))
+                runs.setdefault((framework, devices), []).append(report)
+    # The same physics with nothing else, for reference.
+    physics = measured("physics x1", lambda: physics_only_sps(Path(sys.executable))) if 1 in args.devices else None
     results = {key: median_report(reports) for key, reports in runs.items()}
-    print_table(results, args.devices, saved.get("physics x1") if 1 in args.devices else None)
+    print_table(results, args.devices, physics)
     if args.rounds > 1:
         print_rounds(runs, args.devices)
 
