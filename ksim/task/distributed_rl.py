@@ -31,6 +31,7 @@ from ksim.distributed import (
     split_keys_per_device,
     unreplicate,
 )
+from ksim.task.loop import AheadOfTimeProgram
 from ksim.task.rl import Program, RLConfig, RLTask, TrainState
 
 Array = jax.Array
@@ -203,7 +204,7 @@ class DistributedRLTask(RLTask[DistributedConfigT]):
     def _replica_check_program(self) -> Program:
         return make_replica_check(self.axis_name, self.devices)
 
-    def ahead_of_time_programs(self, state: TrainState) -> dict[str, tuple[str, Callable[[], Any]]]:
+    def ahead_of_time_programs(self, state: TrainState) -> dict[str, AheadOfTimeProgram]:
         """Also the replica check and the local-SGD average, so nothing compiles mid-training."""
         programs = super().ahead_of_time_programs(state)
         if self.config.consistency_check_every_n_steps:

@@ -23,6 +23,9 @@ import jax
 if TYPE_CHECKING:
     from ksim.task.rl import RLTask, TrainState
 
+# A program to compile ahead of time: (what the log calls it, a function that traces and lowers it).
+AheadOfTimeProgram = tuple[str, Callable[[], Any]]
+
 CACHE_HIT_EVENT = "/jax/compilation_cache/cache_hits"
 CACHE_MISS_EVENT = "/jax/compilation_cache/cache_misses"
 
@@ -159,7 +162,7 @@ def _compile(lowered: Any, started: float) -> tuple[Any, CompileReport]:
     return compiled, CompileReport(time.perf_counter() - started, new_hits - hits, new_misses - misses)
 
 
-def compile_programs(programs: dict[str, tuple[str, Callable[[], Any]]], verbose: bool) -> dict[str, Any]:
+def compile_programs(programs: dict[str, AheadOfTimeProgram], verbose: bool) -> dict[str, Any]:
     """Compiles programs ahead of time: {name: (what the log calls it, a function lowering it)} -> {name: executable}.
 
     Tracing and lowering are Python and run here, one program after another; each program's XLA compile (or

@@ -50,7 +50,7 @@ from ksim.rewards import Reward
 from ksim.task.checkpointing import CheckpointMixin
 from ksim.task.env import EnvMixin, Episode, Trajectory, Transition
 from ksim.task.evaluation import EvaluationMixin
-from ksim.task.loop import compile_programs, run_training
+from ksim.task.loop import AheadOfTimeProgram, compile_programs, run_training
 from ksim.terminations import Termination
 
 Array = jax.Array
@@ -467,9 +467,9 @@ class RLTask(EnvMixin, CheckpointMixin, EvaluationMixin, ABC, Generic[ConfigT]):
     def train_step(self, state: TrainState) -> tuple[TrainState, Metrics]:
         return self.program("train_step", self._train_step_program)(state)
 
-    def ahead_of_time_programs(self, state: TrainState) -> dict[str, tuple[str, Callable[[], Any]]]:
+    def ahead_of_time_programs(self, state: TrainState) -> dict[str, AheadOfTimeProgram]:
         """What `precompile` compiles: {name in `program`: (what the log calls it, a function lowering it)}."""
-        programs: dict[str, tuple[str, Callable[[], Any]]] = {
+        programs: dict[str, AheadOfTimeProgram] = {
             "train_step": ("train step", lambda: self._train_step_program.lower(state))
         }
         if self.config.eval_every_n_steps:
