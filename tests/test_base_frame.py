@@ -11,7 +11,7 @@ from ksim import observations as obs
 from ksim import rewards as rew
 from ksim import terminations as term
 from ksim.config import ConfigError
-from ksim.engine import ModelLayout, PhysicsEngine, StepContext
+from ksim.engine import ModelLayout, PhysicsEngine, StepContext, smooth_accelerations
 from ksim.resets import RandomJointPositions
 
 LEG = """
@@ -127,6 +127,8 @@ def test_a_control_step_is_mjx_steps_and_leaves_the_final_state_computed() -> No
     qpos, qvel = random_state(mj_model, 3)
     data = engine.make_data(jnp.asarray(qpos, jnp.float32), jnp.asarray(qvel, jnp.float32))
     ctrl = jnp.asarray([0.3, -0.2])
+    pushes = np.random.default_rng(4).normal(size=(mj_model.nbody, 6))  # external forces take ksim's own path
+    data = data.replace(xfrc_applied=jnp.asarray(pushes, jnp.float32))
     stepped, _ = jax.jit(lambda d: engine.step(d, lambda d: ctrl))(data)
     plain = jax.jit(lambda d: jax.lax.fori_loop(0, engine.num_substeps, lambda _, d: mjx.step(engine.mjx_model, d), d))
     expected = plain(data.replace(ctrl=ctrl))
@@ -142,6 +144,23 @@ def test_a_control_step_is_mjx_steps_and_leaves_the_final_state_computed() -> No
     reference.qvel[0] += 1.0
     mujoco.mj_forward(mj_model, reference)
     np.testing.assert_allclose(pushed.cvel, reference.cvel, atol=1e-4)
+
+
+@pytest.mark.parametrize("kind", ["free", "planar", "fixed"])
+def test_external_body_forces_give_mujocos_joint_forces_and_accelerations(kind: str) -> None:
+    mj_model = model(ROOTS[kind])
+    engine = PhysicsEngine.create(mj_model, ctrl_dt=0.02, dt=0.005)
+    qpos, qvel = random_state(mj_model, 5)
+    pushes = np.random.default_rng(6).normal(size=(mj_model.nbody, 6))
+    data = engine.make_data(jnp.asarray(qpos, jnp.float32), jnp.asarray(qvel, jnp.float32))
+    data = data.replace(xfrc_applied=jnp.asarray(pushes, jnp.float32), ctrl=jnp.asarray([0.3, -0.2]))
+    model_ = engine.mjx_model
+    ours = jax.jit(lambda d: smooth_accelerations(model_, mjx.fwd_actuation(model_, d)))(data)
+    reference = mujoco.MjData(mj_model)
+    reference.qpos[:], reference.qvel[:], reference.xfrc_applied[:], reference.ctrl[:] = qpos, qvel, pushes, [0.3, -0.2]
+    mujoco.mj_forward(mj_model, reference)
+    np.testing.assert_allclose(ours.qfrc_smooth, reference.qfrc_smooth, rtol=1e-4, atol=1e-3)
+    np.testing.assert_allclose(ours.qacc_smooth, reference.qacc_smooth, rtol=1e-4, atol=1e-3)
 
 
 SENSOR_MODEL = """
