@@ -1,8 +1,12 @@
 """The Brax comparison's bookkeeping for several rounds (the runs themselves need minutes: `make bench-brax`)."""
 
+import sys
+from pathlib import Path
+
 import pytest
 
-from benchmarks.vs_brax.__main__ import median_report, print_rounds
+from benchmarks.vs_brax import turns as turns_module
+from benchmarks.vs_brax.__main__ import Worker, median_report, print_rounds, take_turns
 
 
 def report(steady: float, compile_s: float) -> dict[str, float | str]:
@@ -22,3 +26,50 @@ def test_each_rounds_ratios_are_printed(capsys: pytest.CaptureFixture[str]) -> N
     }
     print_rounds(runs, [1])  # type: ignore[arg-type]
     assert capsys.readouterr().out.strip() == "1 device(s), ksim/brax per round: steady 1.10, 1.20; compile 0.50, 0.50"
+
+
+FAKE_WORKER = """
+import json, sys, time
+sys.path.insert(0, {folder!r})
+from turns import Turns
+
+name, log, turns_to_take = sys.argv[1], sys.argv[2], int(sys.argv[3])
+turns = Turns()
+turns.wait()
+start = turns.clock()
+for _ in range(turns_to_take):
+    with open(log, "a") as file:
+        file.write(name + " start\\n")
+    time.sleep(0.2)
+    with open(log, "a") as file:
+        file.write(name + " end\\n")
+    if name == "broken":
+        raise ValueError("a worker that fails")
+    turns.wait()
+print(json.dumps({{"name": name, "own_seconds": turns.clock() - start}}))
+"""
+
+
+def fake_workers(tmp_path: Path, turns: dict[str, int]) -> tuple[dict[str, Worker], Path]:
+    script, log = tmp_path / "fake_worker.py", tmp_path / "turns.log"
+    script.write_text(FAKE_WORKER.format(folder=str(Path(turns_module.__file__).parent)))
+    commands = {name: [sys.executable, str(script), name, str(log), str(count)] for name, count in turns.items()}
+    return {name: Worker(name, command, devices=1) for name, command in commands.items()}, log
+
+
+def test_both_workers_run_at_once_but_take_turns_a_b_b_a(tmp_path: Path) -> None:
+    workers, log = fake_workers(tmp_path, {"ksim": 4, "brax": 2})
+    reports = take_turns(workers, first="ksim")
+    lines = log.read_text().split()
+    names, events = lines[0::2], lines[1::2]
+    assert events == ["start", "end"] * 6  # never both at work
+    assert names[0::2] == names[1::2] == ["ksim", "brax", "brax", "ksim", "ksim", "ksim"]  # then ksim alone
+    # Each worker's clock stops while it waits: its own turns only, not the other's.
+    assert 0.8 <= reports["ksim"]["own_seconds"] < 1.2 and 0.4 <= reports["brax"]["own_seconds"] < 0.7
+
+
+def test_a_worker_that_fails_stops_both_with_its_error(tmp_path: Path) -> None:
+    workers, _ = fake_workers(tmp_path, {"ksim": 3, "broken": 3})
+    with pytest.raises(RuntimeError, match=r"broken failed:(.|\n)*a worker that fails"):
+        take_turns(workers, first="ksim")
+    assert all(worker.process.poll() is not None for worker in workers.values())

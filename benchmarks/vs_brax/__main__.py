@@ -6,12 +6,15 @@
 ksim runs examples/hopper.py:HopperTask in this interpreter's environment. Brax (0.14.2, MJX pipeline) runs a
 mirror of that task on the same MJCF (ksim/assets/hopper.xml) in its own virtual environment,
 benchmarks/vs_brax/.venv, which this script builds on first use from requirements.txt (git-ignored; not the
-project's .venv). Each (framework, device count) runs in a fresh process with that many forced CPU devices,
-one after the other, with the same PPO settings and env-step budget; `--rounds N` runs each N times,
-alternating which framework goes first, and shows the medians, then each round's ratios. Both count time the
-same way: training runs in `timing_chunks` equal chunks (Brax's epochs); steady env-steps/s is the median of
-the chunks after the first, and compile time is the whole training's wall time (from building the env or
-task) minus what its env steps take at steady speed (Brax compiles part of its loop after the first epoch).
+project's .venv). For each device count both frameworks run at once, each in a fresh process with that many
+forced CPU devices and the same PPO settings and env-step budget, but they take turns (turns.py): one works
+while the other waits, in the order A B B A A B ..., a turn being one of `timing_chunks` equal chunks of
+training (Brax's epochs), so a drift in the machine's speed falls on both alike; runs one after the other gave
+ratios that moved by 0.15 with the machine's state. `--rounds N` repeats that N times, alternating which
+framework goes first, and shows the medians, then each round's ratios. Both count time the same way, on a
+clock that stops while the worker waits: steady env-steps/s is the median of the chunks after the first, and
+compile time is the whole training's time (from building the env or task) minus what its env steps take at
+steady speed (Brax compiles part of its loop after the first epoch).
 Env-steps per CPU-second (all threads of the process, median over the chunks after the first) is printed too:
 on a shared machine it moves less with other load than wall-clock rates. The return is the mean over
 `eval_episodes` deterministic episodes after the whole budget, on both sides at the same env-step count.
@@ -28,9 +31,12 @@ import re
 import statistics
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from benchmarks.vs_brax.turns import GO, TURN_DONE, turn_order
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
@@ -54,7 +60,7 @@ SETTINGS: dict[str, Any] = {
     "dt": 0.005,
     "episode_steps": 500,
     "train_steps": 36,  # x 8,192 env steps = 294,912 env steps
-    "timing_chunks": 4,
+    "timing_chunks": 12,  # turns of 3 train steps (1-2 s each)
     "eval_episodes": 16,
     "seed": 0,
 }
@@ -99,20 +105,79 @@ def brax_python() -> Path:
     return python
 
 
-def run_worker(framework: str, devices: int, settings: dict[str, Any], python: Path) -> dict[str, Any]:
-    env = {key: value for key, value in os.environ.items() if key not in ("XLA_FLAGS", "PJRT_NPROC")}
-    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+def worker_command(framework: str, devices: int, settings: dict[str, Any], python: Path) -> list[str]:
     if framework == "ksim":
-        command = [str(python), "-m", "benchmarks.vs_brax.ksim_worker", json.dumps(settings)]
-    else:
-        xml = ROOT / "ksim" / "assets" / "hopper.xml"
-        command = [str(python), str(HERE / "brax_worker.py"), str(xml), json.dumps(settings | MIRRORED)]
-    result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, check=False)
-    if result.returncode != 0:
-        raise RuntimeError(f"{framework} x{devices} failed:\n{result.stderr[-3000:]}")
-    report = json.loads(result.stdout.strip().splitlines()[-1])
-    print(f"{framework} x{devices}: {report}", file=sys.stderr, flush=True)
-    return report
+        return [str(python), "-m", "benchmarks.vs_brax.ksim_worker", json.dumps(settings)]
+    xml = ROOT / "ksim" / "assets" / "hopper.xml"
+    return [str(python), str(HERE / "brax_worker.py"), str(xml), json.dumps(settings | MIRRORED)]
+
+
+class Worker:
+    """A worker process (ksim_worker or brax_worker) with `devices` forced CPU devices."""
+
+    def __init__(self, name: str, command: list[str], devices: int) -> None:
+        env = {key: value for key, value in os.environ.items() if key not in ("XLA_FLAGS", "PJRT_NPROC")}
+        env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+        self.name = name
+        # A file, not a pipe, for stderr: a full pipe would stall the worker. Closed by `close`.
+        self.stderr = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115
+        self.process = subprocess.Popen(
+            command, cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr, text=True
+        )
+        self.report: dict[str, Any] | None = None
+
+    def take_turn(self) -> None:
+        """Lets the worker run until it waits again, or until it ends with its report."""
+        assert self.process.stdin is not None
+        self.process.stdin.write(GO + "\n")
+        self.process.stdin.flush()
+        self.run_until_it_waits()
+
+    def run_until_it_waits(self) -> None:
+        assert self.process.stdout is not None
+        last = ""
+        for line in self.process.stdout:
+            if line.strip() == TURN_DONE:
+                return
+            last = line
+        if self.process.wait() != 0:
+            self.stderr.seek(0)
+            raise RuntimeError(f"{self.name} failed:\n{self.stderr.read()[-3000:]}")
+        self.report = json.loads(last)
+        print(f"{self.name}: {self.report}", file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+        self.stderr.close()
+
+
+def run_side_by_side(devices: int, settings: dict[str, Any], pythons: dict[str, Path], first: str) -> dict[str, Any]:
+    """Trains with both frameworks at once, taking turns; {framework: report}."""
+    commands = {name: worker_command(name, devices, settings, python) for name, python in pythons.items()}
+    return take_turns(
+        {name: Worker(f"{name} x{devices}", command, devices) for name, command in commands.items()}, first
+    )
+
+
+def take_turns(workers: dict[str, Worker], first: str) -> dict[str, Any]:
+    """Gives two waiting workers turns (`turns.turn_order`) until both have ended; {name: report}."""
+    second = next(name for name in workers if name != first)
+    try:
+        for worker in workers.values():  # starting up (imports) is not timed, so both may do it at once
+            worker.run_until_it_waits()
+        turn = 0
+        while any(worker.report is None for worker in workers.values()):
+            name = turn_order(first, second, turn)
+            if workers[name].report is not None:  # it has ended: the other one finishes alone
+                name = first if name == second else second
+            workers[name].take_turn()
+            turn += 1
+    finally:
+        for worker in workers.values():
+            worker.close()
+    return {name: worker.report for name, worker in workers.items()}
 
 
 def physics_only_sps(python: Path) -> float:
@@ -197,6 +262,10 @@ def main() -> None:
     args = parser.parse_args()
     if args.rounds < 1:
         parser.error(f"--rounds={args.rounds} must be at least 1")
+    if args.train_steps < 1 or args.train_steps % SETTINGS["timing_chunks"]:
+        parser.error(
+            f"--train-steps={args.train_steps} must be a multiple of the {SETTINGS['timing_chunks']} timing chunks"
+        )
     settings = SETTINGS | {"train_steps": args.train_steps}
     brax = args.brax_python or brax_python()
     saved = json.loads(args.results.read_text()) if args.results and args.results.exists() else {}
@@ -210,13 +279,13 @@ def main() -> None:
         return saved[key]
 
     runs: dict[tuple[str, int], list[dict[str, Any]]] = {}
-    frameworks = (("ksim", Path(sys.executable)), ("brax", brax))
+    pythons = {"ksim": Path(sys.executable), "brax": brax}
     for round_index in range(args.rounds):
         for devices in args.devices:
-            # Alternate which framework goes first, so a drift in the machine's speed does not favour one.
-            for framework, python in frameworks if round_index % 2 == 0 else frameworks[::-1]:
-                key = f"{framework} x{devices}" + (f" #{round_index + 1}" if round_index else "")
-                report = measured(key, functools.partial(run_worker, framework, devices, settings, python))
+            first = "ksim" if round_index % 2 == 0 else "brax"  # who takes the first turn alternates too
+            key = f"x{devices}" + (f" #{round_index + 1}" if round_index else "")
+            reports = measured(key, functools.partial(run_side_by_side, devices, settings, pythons, first))
+            for framework, report in reports.items():
                 runs.setdefault((framework, devices), []).append(report)
     # The same physics with nothing else, for reference.
     physics = measured("physics x1", lambda: physics_only_sps(Path(sys.executable))) if 1 in args.devices else None

@@ -3,7 +3,7 @@
 The env mirrors examples/hopper.py:HopperTask on the same MJCF: observations, rewards, termination and
 reset noise are written out here with the formulas of ksim's components (see MIRRORED in __main__.py).
 
-    python brax_worker.py SETTINGS_JSON   # prints one JSON line
+    python brax_worker.py MODEL_XML SETTINGS_JSON   # prints one JSON line; takes turns (turns.py) with ksim's
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from brax.training.agents.ppo import networks as ppo_networks
 from brax.training.agents.ppo import train as ppo
 from flax import linen
 from mujoco import mjx
+from turns import Turns  # this script's folder, on sys.path as the script's own
 
 Array = jax.Array
 BASE_BODY = 1  # torso, the first body under the world
@@ -133,12 +134,19 @@ def evaluate(env: KsimHopper, policy: Any, settings: dict[str, Any]) -> float:
 
 def main() -> None:
     settings = json.loads(sys.argv[2])
-    start = time.perf_counter()
+    turns = Turns()
+    turns.wait()  # until the parent starts the timed part
+    start = turns.clock()
     env = KsimHopper(sys.argv[1], settings)
     epochs = settings["timing_chunks"]
     steps_per_train_step = settings["num_envs"] * settings["rollout_length"]
     num_minibatches = settings["num_envs"] // settings["batch_size"]
-    marks: list[tuple[float, float, dict[str, Any]]] = []
+    marks: list[tuple[float, float, dict[str, Any]]] = []  # (turns' clock, CPU seconds, metrics) per epoch
+
+    def progress(step: int, metrics: dict[str, Any]) -> None:
+        marks.append((turns.clock(), time.process_time(), dict(metrics)))
+        turns.wait()  # Brax times its epochs itself, without this wait
+
     network_factory = functools.partial(
         ppo_networks.make_ppo_networks,
         policy_hidden_layer_sizes=tuple(settings["hidden"]),
@@ -169,7 +177,7 @@ def main() -> None:
         seed=settings["seed"],
         num_evals=epochs + 1,  # one progress call per epoch; no evaluation episodes in the timing
         run_evals=False,
-        progress_fn=lambda step, metrics: marks.append((time.perf_counter(), time.process_time(), dict(metrics))),
+        progress_fn=progress,
     )
     steps_per_epoch = settings["train_steps"] // epochs * steps_per_train_step
     steady = statistics.median(float(m["training/sps"]) for _, _, m in marks[1:])

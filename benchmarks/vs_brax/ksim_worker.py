@@ -1,6 +1,6 @@
 """ksim side of benchmarks/vs_brax: examples/hopper.py:HopperTask with the shared settings.
 
-python -m benchmarks.vs_brax.ksim_worker SETTINGS_JSON   # prints one JSON line
+python -m benchmarks.vs_brax.ksim_worker SETTINGS_JSON   # prints one JSON line; takes turns (turns.py) with Brax's
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import time
 from typing import Any
 
 import ksim  # noqa: F401  (sizes the CPU thread pool before JAX starts)
+from benchmarks.vs_brax.turns import Turns
 
 
 def components(task: Any) -> str:
@@ -51,7 +52,9 @@ def main() -> None:
         seed=settings["seed"],
         compilation_cache_dir="",  # a cold compile on both sides (Brax keeps no persistent cache)
     )
-    start = time.perf_counter()
+    turns = Turns()
+    turns.wait()  # until the parent starts the timed part
+    start = turns.clock()
     task = HopperTask(config)
     state = task.init_train_state()
     chunk = settings["train_steps"] // settings["timing_chunks"]
@@ -60,8 +63,9 @@ def main() -> None:
         for _ in range(chunk):
             state, metrics = task.train_step(state)
         jax.block_until_ready(metrics)
-        marks.append(time.perf_counter())
+        marks.append(turns.clock())
         cpu_marks.append(time.process_time())
+        turns.wait()
     steps_per_chunk = chunk * task.env_steps_per_train_step
     steady = statistics.median(steps_per_chunk / (b - a) for a, b in itertools.pairwise(marks))
     cpu_per_chunk = statistics.median(b - a for a, b in itertools.pairwise(cpu_marks))
