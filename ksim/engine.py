@@ -1,10 +1,14 @@
-"""MuJoCo MJX physics: model loading, the model's layout (base body, root joints), control steps.
+"""MuJoCo MJX physics: model loading, the model's layout (base body, root and robot joints), control steps.
 
 The *base* is a body (by default the first body under the world). Its pose and velocity come from
 MJX's body quantities (`xpos`, `xquat`, `cvel`), so they are right for any root: a free joint, a
-planar root (slides and a hinge), or any other joints of the base body. The *root joints* are the
-joints of the base body; "joints" everywhere else (`joint_pos`, resets, joint observations) means the
-other ones unless a component names joints explicitly.
+planar root (slides and a hinge), or a base welded to the world.
+
+The *root joints* attach the robot to the world without being driven by it: a free joint, or a joint of
+the base body that no actuator drives (a planar root of slides and hinges). Every other joint is a *robot
+joint*: actuated joints always are, so a fixed-base robot (a pendulum, an arm, a cart on a rail driven by a
+motor) has no root joints and all its joints are robot joints. "Joints" everywhere else (`joint_pos`,
+resets, joint observations) means the robot joints unless a component names joints explicitly.
 """
 
 from __future__ import annotations
@@ -21,8 +25,8 @@ import mujoco
 import numpy as np
 from flax import struct
 from mujoco import mjx
-from mujoco.mjx._src import smooth as mjx_smooth  # solve_m, which mujoco.mjx does not export
 
+from ksim import mjx_contract
 from ksim.config import ConfigError
 
 Array = jax.Array
@@ -66,27 +70,28 @@ class ModelLayout:
     """Static facts about a model that components index by (hashable: a static part of every pytree)."""
 
     base_body: int
-    root_kind: str  # FREE, ARTICULATED or FIXED
+    root_kind: str  # FREE, ARTICULATED or FIXED: how the base is attached to the world
     body_names: tuple[str, ...]
     joint_names: tuple[str, ...]
     joint_qpos: tuple[tuple[int, ...], ...]  # per joint, its qpos indices
     joint_qvel: tuple[tuple[int, ...], ...]
     root_joints: tuple[int, ...]
     body_rootid: tuple[int, ...]
+    joint_body: tuple[int, ...]  # per joint, the body it moves
     geom_names: tuple[str, ...] = ()
 
     @classmethod
-    def create(cls, mj_model: mujoco.MjModel, base_body: str | None = None) -> ModelLayout:
+    def create(
+        cls, mj_model: mujoco.MjModel, base_body: str | None = None, root_joints: Sequence[str] | None = None
+    ) -> ModelLayout:
+        """The layout by the joint rule (module docstring); `root_joints` names them instead, `()` for none."""
         body_names = _names(mj_model, mujoco.mjtObj.mjOBJ_BODY, mj_model.nbody)
-        if base_body is None:
-            children = [b for b in range(1, mj_model.nbody) if mj_model.body_parentid[b] == 0]
-            if not children:
-                raise ConfigError("the model has no body under the world to use as its base")
-            base_id = children[0]
+        joint_names = _names(mj_model, mujoco.mjtObj.mjOBJ_JOINT, mj_model.njnt)
+        base_id = _base_body_id(mj_model, body_names, base_body)
+        if root_joints is None:
+            roots = default_root_joints(mj_model, base_id)
         else:
-            base_id = body_index(body_names, base_body, "base_body")
-            if base_id == 0:
-                raise ConfigError(f"base_body={base_body!r} is the world; name a body: {_listed(body_names[1:])}")
+            roots = tuple(sorted(joint_index(joint_names, name, "root_joints") for name in root_joints))
         qpos_sizes = {int(mujoco.mjtJoint.mjJNT_FREE): 7, int(mujoco.mjtJoint.mjJNT_BALL): 4}
         qvel_sizes = {int(mujoco.mjtJoint.mjJNT_FREE): 6, int(mujoco.mjtJoint.mjJNT_BALL): 3}
         joint_qpos, joint_qvel = [], []
@@ -95,29 +100,43 @@ class ModelLayout:
             start_qpos, start_qvel = int(mj_model.jnt_qposadr[j]), int(mj_model.jnt_dofadr[j])
             joint_qpos.append(tuple(range(start_qpos, start_qpos + qpos_sizes.get(kind, 1))))
             joint_qvel.append(tuple(range(start_qvel, start_qvel + qvel_sizes.get(kind, 1))))
-        root_joints = tuple(j for j in range(mj_model.njnt) if mj_model.jnt_bodyid[j] == base_id)
-        is_free = any(int(mj_model.jnt_type[j]) == int(mujoco.mjtJoint.mjJNT_FREE) for j in root_joints)
         return cls(
             base_body=base_id,
-            root_kind=FREE if is_free else (ARTICULATED if root_joints else FIXED),
+            root_kind=_root_kind(mj_model, base_id, roots),
             body_names=body_names,
-            joint_names=_names(mj_model, mujoco.mjtObj.mjOBJ_JOINT, mj_model.njnt),
+            joint_names=joint_names,
             joint_qpos=tuple(joint_qpos),
             joint_qvel=tuple(joint_qvel),
-            root_joints=root_joints,
+            root_joints=roots,
             body_rootid=tuple(int(r) for r in mj_model.body_rootid),
+            joint_body=tuple(int(b) for b in mj_model.jnt_bodyid),
             geom_names=_names(mj_model, mujoco.mjtObj.mjOBJ_GEOM, mj_model.ngeom),
         )
 
     @property
-    def other_joints(self) -> tuple[int, ...]:
+    def robot_joints(self) -> tuple[int, ...]:
+        """Every joint that is not a root joint."""
         return tuple(j for j in range(len(self.joint_names)) if j not in self.root_joints)
 
     def joints(self, names: Sequence[str] | None, setting: str = "joints") -> tuple[int, ...]:
-        """Joint ids by name (all non-root joints for None); unknown names raise naming `setting`."""
+        """Joint ids by name (the robot joints for None); unknown names, or no joints at all, raise naming
+        `setting` and the model's joints."""
         if names is None:
-            return self.other_joints
+            if not self.robot_joints:
+                raise ConfigError(
+                    f"{setting}: the model has no robot joints (its joints: {_listed(self.joint_names)}; root joints "
+                    f"of the base body {self.body_names[self.base_body]!r}: {_listed(self.names(self.root_joints))})"
+                    f"; name the joints to use with {setting}=(...)"
+                )
+            return self.robot_joints
+        if not names:
+            raise ConfigError(
+                f"{setting} is empty; name one or more of the model's joints: {_listed(self.joint_names)}"
+            )
         return tuple(joint_index(self.joint_names, name, setting) for name in names)
+
+    def names(self, joints: Sequence[int]) -> tuple[str, ...]:
+        return tuple(self.joint_names[j] for j in joints)
 
     def qpos_indices(self, joints: Sequence[int]) -> np.ndarray:
         return np.asarray([i for j in joints for i in self.joint_qpos[j]], dtype=np.int32)
@@ -127,7 +146,7 @@ class ModelLayout:
 
     def free_root_qvel(self, component: str) -> np.ndarray:
         """The base's free-joint velocity indices (world linear, then local angular); others refuse."""
-        free = [j for j in self.root_joints if len(self.joint_qvel[j]) == 6]
+        free = [j for j in self.root_joints if len(self.joint_qvel[j]) == 6 and self.joint_body[j] == self.base_body]
         if not free:
             base = self.body_names[self.base_body]
             raise ConfigError(
@@ -136,12 +155,60 @@ class ModelLayout:
         return np.asarray(self.joint_qvel[free[0]], dtype=np.int32)
 
     def require_moving_base(self, component: str) -> None:
-        """For components that read the base's motion: a fixed base has none."""
+        """For components that read the base's motion: a base welded to the world has none."""
         if self.root_kind == FIXED:
             base = self.body_names[self.base_body]
             raise ConfigError(
-                f"{component} needs a moving base, but the base body {base!r} has no joints (a fixed-base model)"
+                f"{component} needs a moving base, but the base body {base!r} is welded to the world (no joint moves "
+                "it); name a moving body with base_body=..."
             )
+
+
+def actuated_joints(mj_model: mujoco.MjModel) -> frozenset[int]:
+    """Joints an actuator drives: through a joint transmission, or through a fixed tendon over joints."""
+    joint_transmissions = (mujoco.mjtTrn.mjTRN_JOINT, mujoco.mjtTrn.mjTRN_JOINTINPARENT)
+    driven: set[int] = set()
+    for actuator in range(mj_model.nu):
+        target = int(mj_model.actuator_trnid[actuator, 0])
+        kind = mujoco.mjtTrn(int(mj_model.actuator_trntype[actuator]))
+        if kind in joint_transmissions:
+            driven.add(target)
+        elif kind == mujoco.mjtTrn.mjTRN_TENDON:
+            first, count = int(mj_model.tendon_adr[target]), int(mj_model.tendon_num[target])
+            for wrap in range(first, first + count):
+                if mj_model.wrap_type[wrap] == mujoco.mjtWrap.mjWRAP_JOINT:
+                    driven.add(int(mj_model.wrap_objid[wrap]))
+    return frozenset(driven)
+
+
+def default_root_joints(mj_model: mujoco.MjModel, base_id: int) -> tuple[int, ...]:
+    """The joint rule: free joints, and the base body's joints that no actuator drives."""
+    driven = actuated_joints(mj_model)
+    free = int(mujoco.mjtJoint.mjJNT_FREE)
+    return tuple(
+        j
+        for j in range(mj_model.njnt)
+        if int(mj_model.jnt_type[j]) == free or (mj_model.jnt_bodyid[j] == base_id and j not in driven)
+    )
+
+
+def _base_body_id(mj_model: mujoco.MjModel, body_names: Sequence[str], base_body: str | None) -> int:
+    if base_body is None:
+        children = [b for b in range(1, mj_model.nbody) if mj_model.body_parentid[b] == 0]
+        if not children:
+            raise ConfigError("the model has no body under the world to use as its base")
+        return children[0]
+    base_id = body_index(body_names, base_body, "base_body")
+    if base_id == 0:
+        raise ConfigError(f"base_body={base_body!r} is the world; name a body: {_listed(body_names[1:])}")
+    return base_id
+
+
+def _root_kind(mj_model: mujoco.MjModel, base_id: int, roots: Sequence[int]) -> str:
+    free = int(mujoco.mjtJoint.mjJNT_FREE)
+    if any(int(mj_model.jnt_type[j]) == free and mj_model.jnt_bodyid[j] == base_id for j in roots):
+        return FREE
+    return FIXED if int(mj_model.body_weldid[base_id]) == 0 else ARTICULATED
 
 
 def _listed(names: Sequence[str]) -> str:
@@ -179,17 +246,17 @@ class StepContext(struct.PyTreeNode):
     layout: ModelLayout = struct.field(pytree_node=False)
     ctrl_dt: float = struct.field(pytree_node=False)
 
-    # ----- joints (non-root unless named) --------------------------------------------------------------
+    # ----- joints (the robot joints unless named) ------------------------------------------------------
 
     @property
     def joint_pos(self) -> Array:
-        """Positions of the joints that are not the base body's (root) joints."""
-        return self.data.qpos[self.layout.qpos_indices(self.layout.other_joints)]
+        """Positions of the robot joints (every joint but the root joints)."""
+        return self.data.qpos[self.layout.qpos_indices(self.layout.robot_joints)]
 
     @property
     def joint_vel(self) -> Array:
-        """Velocities of the non-root joints."""
-        return self.data.qvel[self.layout.qvel_indices(self.layout.other_joints)]
+        """Velocities of the robot joints."""
+        return self.data.qvel[self.layout.qvel_indices(self.layout.robot_joints)]
 
     def joint_pos_of(self, joints: Sequence[int]) -> Array:
         return self.data.qpos[self.layout.qpos_indices(joints)]
@@ -264,23 +331,26 @@ class PhysicsEngine:
     layout: ModelLayout
 
     @classmethod
-    def create(cls, mj_model: mujoco.MjModel, ctrl_dt: float, dt: float, base_body: str | None = None) -> PhysicsEngine:
+    def create(
+        cls,
+        mj_model: mujoco.MjModel,
+        ctrl_dt: float,
+        dt: float,
+        base_body: str | None = None,
+        root_joints: Sequence[str] | None = None,
+    ) -> PhysicsEngine:
         mj_model.opt.timestep = dt
-        integrator = mujoco.mjtIntegrator(int(mj_model.opt.integrator))
-        if integrator not in INTEGRATORS:
-            raise ConfigError(
-                f"the model's integrator {integrator.name.removeprefix('mjINT_')} is not supported by MJX: "
-                "set <option integrator=...> to Euler, RK4 or implicitfast"
-            )
+        mjx_contract.require_supported(mj_model)
+        layout = ModelLayout.create(mj_model, base_body, root_joints)
         default_qpos = mj_model.key_qpos[0].copy() if mj_model.nkey > 0 else mj_model.qpos0.copy()
         return cls(
             mj_model=mj_model,
             # On this process's first device: the global device 0 belongs to process 0 in multi-process runs.
-            mjx_model=mjx.put_model(mj_model, device=jax.local_devices()[0]),
+            mjx_model=mjx_contract.put_model(mj_model, "jax", device=jax.local_devices()[0]),
             ctrl_dt=ctrl_dt,
             dt=dt,
             default_qpos=default_qpos,
-            layout=ModelLayout.create(mj_model, base_body),
+            layout=layout,
         )
 
     @property
@@ -300,7 +370,7 @@ class PhysicsEngine:
         contacts, sensors); accelerations and forces stay zero until the first physics step computes them,
         unless the model has acceleration-stage sensors (then this is the whole `mjx.forward`)."""
         model = self.model(fields)
-        data = mjx.make_data(model).replace(qpos=qpos, qvel=qvel)
+        data = mjx_contract.make_data(model, "jax").replace(qpos=qpos, qvel=qvel)
         return (traced_forward if self.has_acceleration_sensors else traced_position_and_velocity)(model, data)
 
     @property
@@ -358,7 +428,7 @@ def accelerations(model: mjx.Model, data: mjx.Data) -> mjx.Data:
     """The second half of `mjx.forward` (actuation, smooth and constrained accelerations), as MJX computes it
     but for the bodies' external forces (`smooth_accelerations`)."""
     data = smooth_accelerations(model, mjx.fwd_actuation(model, data))
-    if _constraint_rows(data) == 0:
+    if mjx_contract.constraint_rows(data) == 0:
         return data.replace(qacc=data.qacc_smooth)
     return mjx.sensor_acc(model, mjx.solve(model, data))
 
@@ -367,7 +437,7 @@ def smooth_accelerations(model: mjx.Model, data: mjx.Data) -> mjx.Data:
     """`mjx.fwd_acceleration` (all forces but the constraints' and the accelerations they give), with the
     bodies' external forces mapped to joint forces by `body_forces` rather than by MJX's per-body Jacobians."""
     qfrc_smooth = data.qfrc_passive - data.qfrc_bias + data.qfrc_actuator + data.qfrc_applied + body_forces(model, data)
-    return data.replace(qfrc_smooth=qfrc_smooth, qacc_smooth=mjx_smooth.solve_m(model, data, qfrc_smooth))
+    return data.replace(qfrc_smooth=qfrc_smooth, qacc_smooth=mjx_contract.solve_m(model, data, qfrc_smooth))
 
 
 def body_forces(model: mjx.Model, data: mjx.Data) -> Array:
@@ -397,22 +467,9 @@ def dofs_moving_bodies(model: mjx.Model) -> np.ndarray:
     return ancestors[:, np.asarray(model.dof_bodyid)]
 
 
-def _constraint_rows(data: mjx.Data) -> int:
-    # mjx.forward skips the solver for a model without constraint rows; the row count is static (the
-    # constraint Jacobian's shape), kept in the backend part of the data on current mujoco-mjx.
-    return int(getattr(data, "_impl", data).efc_J.shape[0])
-
-
-INTEGRATORS = {
-    mujoco.mjtIntegrator.mjINT_EULER: mjx.euler,
-    mujoco.mjtIntegrator.mjINT_RK4: mjx.rungekutta4,
-    mujoco.mjtIntegrator.mjINT_IMPLICITFAST: mjx.implicit,
-}
-
-
 def integrate(model: mjx.Model, data: mjx.Data) -> mjx.Data:
     """The integrator step of `mjx.step`, on data whose accelerations are computed."""
-    return INTEGRATORS[mujoco.mjtIntegrator(int(model.opt.integrator))](model, data)
+    return mjx_contract.INTEGRATORS[mujoco.mjtIntegrator(int(model.opt.integrator))](model, data)
 
 
 # MJX's Python takes seconds to trace. Under `jax.jit` each is traced once per process for given shapes and

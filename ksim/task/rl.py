@@ -73,6 +73,11 @@ class RLConfig:
         None, help="Episodes are truncated after this many control steps (instead of episode_length_s)."
     )
     base_body: str | None = xax.field(None, help="Body whose pose is the base's (default: first body under the world).")
+    root_joints: list[str] | None = xax.field(
+        None,
+        help="Joints that attach the base to the world and are no robot joints (default: free joints and the base "
+        "body's unactuated joints; [] for none).",
+    )
     num_steps: int = xax.field(100, help="Train steps to run (one rollout + one update each).")
     seed: int = xax.field(0, help="Random seed for params, environments and minibatches.")
     normalize_observations: bool = xax.field(True, help="Keep running observation statistics.")
@@ -198,7 +203,9 @@ class RLTask(EnvMixin, CheckpointMixin, EvaluationMixin, ABC, Generic[ConfigT]):
     def get_engine(self) -> PhysicsEngine:
         """The physics engine; override to step the model differently."""
         config = self.config
-        return PhysicsEngine.create(self.get_mujoco_model(), config.ctrl_dt, config.dt, config.base_body)
+        return PhysicsEngine.create(
+            self.get_mujoco_model(), config.ctrl_dt, config.dt, config.base_body, config.root_joints
+        )
 
     @abstractmethod
     def get_observations(self) -> Sequence[Observation]: ...

@@ -1,0 +1,210 @@
+"""The MJX contract: everything ksim takes from MuJoCo MJX beyond its public API, in one place.
+
+ksim's control step calls MJX's public stage functions (`mjx.fwd_position`, `mjx.fwd_velocity`,
+`mjx.fwd_actuation`, `mjx.solve`, the integrators, the sensor stages) in its own order and maps body forces
+to joint forces itself (ksim.engine). Beyond that public API it needs:
+
+- `solve_m`: x = M^-1 y with the factorised mass matrix, which `mujoco.mjx` does not export;
+- `constraint_rows`: the number of constraint rows of a data (the shape of `efc_J`, kept in the
+  implementation's part of the data);
+- which model features MJX's JAX implementation cannot run (`refusals`), which its private collision
+  table and its public enums tell.
+
+`tests/test_mjx_contract.py` compares ksim's control step with `mjx.step` for every integrator MJX
+implements, with contacts, equality constraints, tendons, acceleration sensors and actuator activation;
+`TESTED_MJX_VERSIONS` are the mujoco-mjx releases it passed on, and pyproject.toml allows just those.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+from dataclasses import dataclass
+
+import jax
+import mujoco
+import numpy as np
+from mujoco import mjx
+from mujoco.mjx._src import collision_driver as _mjx_collision
+from mujoco.mjx._src import smooth as _mjx_smooth
+
+from ksim.config import ConfigError
+
+Array = jax.Array
+
+TESTED_MJX_VERSIONS = ("3.17",)  # major.minor releases of mujoco-mjx the contract tests passed on
+PHYSICS_IMPLS = ("jax", "warp")
+
+# The integrators MJX's step implements, each with the function that advances data whose accelerations
+# are computed.
+INTEGRATORS = {
+    mujoco.mjtIntegrator.mjINT_EULER: mjx.euler,
+    mujoco.mjtIntegrator.mjINT_RK4: mjx.rungekutta4,
+    mujoco.mjtIntegrator.mjINT_IMPLICITFAST: mjx.implicit,
+}
+
+
+def mjx_version() -> str:
+    try:
+        return importlib.metadata.version("mujoco-mjx")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def solve_m(model: mjx.Model, data: mjx.Data, vector: Array) -> Array:
+    """M^-1 `vector`, with the mass matrix factorised by the position stage."""
+    return _mjx_smooth.solve_m(model, data, vector)
+
+
+def constraint_rows(data: mjx.Data) -> int:
+    """Static number of constraint rows (0: `mjx.forward` skips the solver)."""
+    return int(getattr(data, "_impl", data).efc_J.shape[0])
+
+
+def put_model(mj_model: mujoco.MjModel, impl: str, device: jax.Device | None = None) -> mjx.Model:
+    """`mjx.put_model` with an explicit implementation; what MJX still refuses becomes one ConfigError line."""
+    try:
+        return mjx.put_model(mj_model, device=device, impl=impl)
+    except NotImplementedError as error:
+        reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+        raise ConfigError(f"MJX ({impl}) cannot run this model: {reason}") from None
+
+
+def make_data(model: mjx.Model, impl: str) -> mjx.Data:
+    """`mjx.make_data` with an explicit implementation."""
+    return mjx.make_data(model, impl=impl)
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A model feature MJX cannot run, and the change to the MJCF that avoids it."""
+
+    feature: str
+    fix: str
+
+    def __str__(self) -> str:
+        return f"{self.feature}: {self.fix}"
+
+
+def _enum_name(value: int, enum: type, prefix: str) -> str:
+    try:
+        return str(enum(int(value)).name).removeprefix(prefix)
+    except ValueError:
+        return str(int(value))
+
+
+def _option_refusals(mj_model: mujoco.MjModel) -> list[Refusal]:
+    option = mj_model.opt
+    refusals = []
+    if option.solver not in set(mjx.SolverType):
+        solver = _enum_name(option.solver, mujoco.mjtSolver, "mjSOL_")
+        refusals.append(Refusal(f"solver {solver}", 'MJX implements Newton and CG: set <option solver="Newton"/>'))
+    if mujoco.mjtIntegrator(int(option.integrator)) not in INTEGRATORS:
+        integrator = _enum_name(option.integrator, mujoco.mjtIntegrator, "mjINT_")
+        refusals.append(
+            Refusal(
+                f"integrator {integrator}",
+                'MJX implements Euler, RK4 and implicitfast: set <option integrator="implicitfast"/>',
+            )
+        )
+    for bit in range(mujoco.mjtEnableBit.mjNENABLE):
+        flag = 1 << bit
+        if option.enableflags & flag and flag not in set(mjx.EnableBit):
+            name = _enum_name(flag, mujoco.mjtEnableBit, "mjENBL_").lower()
+            refusals.append(
+                Refusal(f"enable flag {name}", f'MJX does not implement it: remove <flag {name}="enable"/>')
+            )
+    fluid = option.density > 0 or option.viscosity > 0 or bool(np.any(option.wind))
+    if fluid and option.integrator == mujoco.mjtIntegrator.mjINT_IMPLICITFAST:
+        refusals.append(
+            Refusal(
+                "fluid forces (density, viscosity or wind) with the implicitfast integrator",
+                'set <option integrator="Euler"/> or remove density, viscosity and wind',
+            )
+        )
+    if option.noslip_iterations > 0:
+        refusals.append(Refusal("the noslip solver", 'MJX does not implement it: set <option noslip_iterations="0"/>'))
+    return refusals
+
+
+def _type_refusals(mj_model: mujoco.MjModel) -> list[Refusal]:
+    checks = (
+        ("actuator dynamics", mj_model.actuator_dyntype, mjx.DynType, mujoco.mjtDyn, "mjDYN_"),
+        ("actuator gain", mj_model.actuator_gaintype, mjx.GainType, mujoco.mjtGain, "mjGAIN_"),
+        ("actuator bias", mj_model.actuator_biastype, mjx.BiasType, mujoco.mjtBias, "mjBIAS_"),
+        ("actuator transmission", mj_model.actuator_trntype, mjx.TrnType, mujoco.mjtTrn, "mjTRN_"),
+        ("equality constraint", mj_model.eq_type, mjx.EqType, mujoco.mjtEq, "mjEQ_"),
+        ("sensor", mj_model.sensor_type, mjx.SensorType, mujoco.mjtSensor, "mjSENS_"),
+        ("tendon wrap", mj_model.wrap_type, mjx.WrapType, mujoco.mjtWrap, "mjWRAP_"),
+    )
+    refusals = []
+    for what, values, supported, mj_enum, prefix in checks:
+        for value in sorted(set(int(v) for v in values) - {int(s) for s in supported}):
+            name = _enum_name(value, mj_enum, prefix).lower()
+            refusals.append(
+                Refusal(f"{what} type {name}", f"MJX does not implement it: remove or replace the {what}s of that type")
+            )
+    if mj_model.nflex:
+        refusals.append(
+            Refusal(f"{mj_model.nflex} flex(es)", "MJX's JAX implementation has no deformable objects: remove them")
+        )
+    contact = mj_model.sensor_type == mujoco.mjtSensor.mjSENS_CONTACT
+    if contact.any():
+        matched = {int(t) for t in np.concatenate([mj_model.sensor_objtype[contact], mj_model.sensor_reftype[contact]])}
+        unsupported = matched & {
+            int(mujoco.mjtObj.mjOBJ_SITE),
+            int(mujoco.mjtObj.mjOBJ_BODY),
+            int(mujoco.mjtObj.mjOBJ_XBODY),
+        }
+        if unsupported or (mj_model.sensor_intprm[contact, 1] == 3).any():
+            refusals.append(
+                Refusal("a contact sensor matching sites, bodies or subtrees, or with net force", "match geoms instead")
+            )
+    return refusals
+
+
+def _geom_label(mj_model: mujoco.MjModel, geom: int) -> str:
+    name = mujoco.mj_id2name(mj_model, mujoco.mjtObj.mjOBJ_GEOM, geom) or f"#{geom}"
+    return f"{name!r} ({_enum_name(mj_model.geom_type[geom], mujoco.mjtGeom, 'mjGEOM_').lower()})"
+
+
+def collision_pairs(mj_model: mujoco.MjModel) -> list[tuple[int, int, int]]:
+    """The (geom, geom, explicit pair id or -1) that MJX checks for contact at every step."""
+    return [(int(g1), int(g2), int(pair)) for g1, g2, pair in _mjx_collision.geom_pairs(mj_model)]
+
+
+def _collision_refusals(mj_model: mujoco.MjModel) -> list[Refusal]:
+    refusals = []
+    no_margin = {int(mujoco.mjtGeom.mjGEOM_MESH), int(mujoco.mjtGeom.mjGEOM_HFIELD)}
+    for g1, g2, pair in collision_pairs(mj_model):
+        t1, t2 = int(mj_model.geom_type[g1]), int(mj_model.geom_type[g2])
+        pair_text = f"geoms {_geom_label(mj_model, g1)} and {_geom_label(mj_model, g2)}"
+        if not _mjx_collision.has_collision_fn(mjx.GeomType(t1), mjx.GeomType(t2)):
+            refusals.append(
+                Refusal(
+                    f"{pair_text} can collide, and MJX has no collision function for that pair",
+                    "give one a type MJX collides (e.g. capsule, box, sphere), or exclude the pair (contype/"
+                    "conaffinity or <exclude>)",
+                )
+            )
+        elif no_margin & {t1, t2}:
+            margin = mj_model.pair_margin[pair] if pair != -1 else mj_model.geom_margin[g1] + mj_model.geom_margin[g2]
+            if np.any(margin):
+                refusals.append(
+                    Refusal(
+                        f"{pair_text} have a margin", "MJX has no margin for meshes and height fields: set margin=0"
+                    )
+                )
+    return refusals
+
+
+def refusals(mj_model: mujoco.MjModel) -> list[Refusal]:
+    """Every feature of the model that MJX's JAX implementation (as ksim steps it) cannot run."""
+    return [*_option_refusals(mj_model), *_type_refusals(mj_model), *_collision_refusals(mj_model)]
+
+
+def require_supported(mj_model: mujoco.MjModel) -> None:
+    """ConfigError (one line) naming the first feature MJX cannot run and the change to make."""
+    found = refusals(mj_model)
+    if found:
+        more = f" (and {len(found) - 1} more: python -m ksim.inspect lists them)" if len(found) > 1 else ""
+        raise ConfigError(f"MJX cannot run this model: {found[0]}{more}")
