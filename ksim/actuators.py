@@ -1,12 +1,18 @@
 """Actuators: turn a policy action into the MuJoCo control vector, every physics substep.
 
+Which class fits a model depends on its MJCF actuators (`actuator_kind` names them; `ksim.inspect` says which):
+- `<motor>` actuators, torque out: `TorqueActuators` (the action is the torque), or `PositionActuators`
+  (ksim's PD loop around a default pose computes the torque, with gains from the task);
+- `<position>` servos, the model holds the gains and `ctrl` is the target: `PositionServoActuators`
+  (the target is the default pose plus the scaled action).
+
 `gain_scales` holds one env's randomized PD-gain multipliers ("kp", "kd"; see ksim.randomization).
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import jax
@@ -14,6 +20,8 @@ import jax.numpy as jnp
 import mujoco
 import numpy as np
 from mujoco import mjx
+
+from ksim.config import ConfigError
 
 Array = jax.Array
 
@@ -25,11 +33,45 @@ def _ctrl_range(mj_model: mujoco.MjModel) -> tuple[np.ndarray, np.ndarray]:
     return low.astype(np.float32), high.astype(np.float32)
 
 
+MOTOR, POSITION_SERVO, VELOCITY_SERVO, OTHER = "motor", "position servo", "velocity servo", "other"
+
+
+def actuator_kind(mj_model: mujoco.MjModel, actuator: int) -> str:
+    """What an MJCF actuator is: a motor (force = gear * ctrl), a position or velocity servo, or another kind."""
+    gain, bias = mj_model.actuator_gainprm[actuator], mj_model.actuator_biasprm[actuator]
+    plain_gain = mj_model.actuator_gaintype[actuator] == mujoco.mjtGain.mjGAIN_FIXED
+    no_state = int(mj_model.actuator_dyntype[actuator]) in (
+        int(mujoco.mjtDyn.mjDYN_NONE),
+        int(mujoco.mjtDyn.mjDYN_FILTEREXACT),
+    )
+    if not (plain_gain and no_state):
+        return OTHER
+    if mj_model.actuator_biastype[actuator] == mujoco.mjtBias.mjBIAS_NONE:
+        return MOTOR
+    affine = mj_model.actuator_biastype[actuator] == mujoco.mjtBias.mjBIAS_AFFINE
+    if affine and bias[0] == 0 and gain[0] > 0 and np.isclose(bias[1], -gain[0]):
+        return POSITION_SERVO
+    if affine and bias[0] == 0 and bias[1] == 0 and gain[0] > 0 and np.isclose(bias[2], -gain[0]):
+        return VELOCITY_SERVO
+    return OTHER
+
+
+def actuator_names(mj_model: mujoco.MjModel, actuators: Sequence[int]) -> str:
+    return ", ".join(repr(mujoco.mj_id2name(mj_model, mujoco.mjtObj.mjOBJ_ACTUATOR, i) or f"#{i}") for i in actuators)
+
+
 class Actuators(ABC):
     """Maps an action in [-1, 1]-ish units to `data.ctrl`."""
 
     @abstractmethod
     def ctrl(self, action: Array, data: mjx.Data, gain_scales: Mapping[str, Array] | None = None) -> Array: ...
+
+    def apply_gain_scales(
+        self, gain_scales: Mapping[str, Array], model_fields: Mapping[str, Array], model: mjx.Model
+    ) -> tuple[dict[str, Array], dict[str, Array]]:
+        """One env's (gain scales for `ctrl`, model fields): actuators whose gains live in the model move the
+        scales into its fields; the others keep them for `ctrl`."""
+        return dict(gain_scales), dict(model_fields)
 
 
 @dataclass(frozen=True)
@@ -100,6 +142,83 @@ class PositionActuators(Actuators):
         target = self.default_qpos + self.action_scale * action
         torque = kp * (target - data.qpos[self.qpos_index]) - kd * data.qvel[self.qvel_index]
         return jnp.clip(torque / self.gear, self.ctrl_low, self.ctrl_high)
+
+
+@dataclass(frozen=True)
+class PositionServoActuators(Actuators):
+    """For MJCF position servos (`<position kp=...>`): the model holds the gains and `ctrl` is the joint target.
+
+    ctrl = default pose + action_scale * action (times each actuator's gear), clipped to its ctrlrange, so
+    action 0 holds the default pose: the model's first keyframe, or the one named in `from_model`.
+    Randomized gains ("kp", "kd") scale the servos' gain and bias terms in each env's model.
+    """
+
+    default_ctrl: np.ndarray
+    gear: np.ndarray
+    ctrl_low: np.ndarray
+    ctrl_high: np.ndarray
+    action_scale: float
+
+    @classmethod
+    def from_model(
+        cls, mj_model: mujoco.MjModel, action_scale: float = 0.5, keyframe: str | None = None
+    ) -> PositionServoActuators:
+        """ConfigError (one line) unless every actuator is a position servo on a hinge or slide joint."""
+        hinge_or_slide = (int(mujoco.mjtJoint.mjJNT_HINGE), int(mujoco.mjtJoint.mjJNT_SLIDE))
+        joint_ids = mj_model.actuator_trnid[:, 0]
+        not_servos = [
+            i
+            for i in range(mj_model.nu)
+            if actuator_kind(mj_model, i) != POSITION_SERVO
+            or mj_model.actuator_trntype[i] != mujoco.mjtTrn.mjTRN_JOINT
+            or int(mj_model.jnt_type[joint_ids[i]]) not in hinge_or_slide
+        ]
+        if not_servos or mj_model.nu == 0:
+            kinds = "; ".join(f"{actuator_names(mj_model, [i])} is a {actuator_kind(mj_model, i)}" for i in not_servos)
+            raise ConfigError(
+                "PositionServoActuators needs every actuator to be a <position> servo on a hinge or slide joint"
+                + (f": {kinds}" if kinds else ": the model has no actuators")
+                + " (for <motor> actuators use TorqueActuators or PositionActuators)"
+            )
+        gear = mj_model.actuator_gear[:, 0].astype(np.float32)
+        pose = default_pose(mj_model, keyframe)
+        low, high = _ctrl_range(mj_model)
+        return cls(
+            default_ctrl=(gear * pose[mj_model.jnt_qposadr[joint_ids]]).astype(np.float32),
+            gear=gear,
+            ctrl_low=low,
+            ctrl_high=high,
+            action_scale=action_scale,
+        )
+
+    def ctrl(self, action: Array, data: mjx.Data, gain_scales: Mapping[str, Array] | None = None) -> Array:
+        return jnp.clip(self.default_ctrl + self.gear * self.action_scale * action, self.ctrl_low, self.ctrl_high)
+
+    def apply_gain_scales(
+        self, gain_scales: Mapping[str, Array], model_fields: Mapping[str, Array], model: mjx.Model
+    ) -> tuple[dict[str, Array], dict[str, Array]]:
+        if not gain_scales:
+            return {}, dict(model_fields)
+        gain = model_fields.get("actuator_gainprm", model.actuator_gainprm)
+        bias = model_fields.get("actuator_biasprm", model.actuator_biasprm)
+        kp, kd = gain_scales.get("kp", 1.0), gain_scales.get("kd", 1.0)
+        fields = {
+            **model_fields,
+            "actuator_gainprm": gain.at[:, 0].multiply(kp),
+            "actuator_biasprm": bias.at[:, 1].multiply(kp).at[:, 2].multiply(kd),
+        }
+        return {}, fields
+
+
+def default_pose(mj_model: mujoco.MjModel, keyframe: str | None = None) -> np.ndarray:
+    """qpos of the named keyframe, else of the model's first keyframe, else the model's reference pose."""
+    if keyframe is None:
+        return (mj_model.key_qpos[0] if mj_model.nkey > 0 else mj_model.qpos0).astype(np.float32)
+    names = [mujoco.mj_id2name(mj_model, mujoco.mjtObj.mjOBJ_KEY, i) for i in range(mj_model.nkey)]
+    if keyframe not in names:
+        listed = ", ".join(repr(n) for n in names if n) or "(none named)"
+        raise ConfigError(f"keyframe={keyframe!r}: the model has no such keyframe; its keyframes are {listed}")
+    return mj_model.key_qpos[names.index(keyframe)].astype(np.float32)
 
 
 def delay_action(queue: Array, action: Array) -> tuple[Array, Array]:

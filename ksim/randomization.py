@@ -1,9 +1,9 @@
 """Domain randomization: small classes that draw one env's physical parameters at each episode start.
 
-Each randomization draws new values for a few MJX model fields (or the PD gains of `PositionActuators`)
-from the episode's key. Only the fields some randomization touches are stored per env (in the
-`Episode`); the rest of the model stays shared. Ranges are `[low, high]`; a range that multiplies a
-field must be positive. Several randomizations of one field compose in order.
+Each randomization draws new values for a few MJX model fields (or PD gains: those of `PositionActuators`,
+or of the model's position servos) from the episode's key. Only the fields some randomization touches are
+stored per env (in the `Episode`); the rest of the model stays shared. Ranges are `[low, high]`; a range
+that multiplies a field must be positive. Several randomizations of one field compose in order.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import numpy as np
 from flax import struct
 from mujoco import mjx
 
-from ksim.actuators import Actuators, PositionActuators
+from ksim.actuators import Actuators, PositionActuators, PositionServoActuators
 from ksim.config import ConfigError
 from ksim.engine import ModelLayout, body_index
 
@@ -222,25 +222,27 @@ class _GainScale(Randomization):
 
 @dataclass(frozen=True)
 class PositionGain(_GainScale):
-    """Scales `PositionActuators.kp`."""
+    """Scales the position gain: `PositionActuators.kp`, or the kp of the model's position servos."""
 
     field: ClassVar[str] = "kp"
 
 
 @dataclass(frozen=True)
 class VelocityGain(_GainScale):
-    """Scales `PositionActuators.kd`."""
+    """Scales the velocity gain: `PositionActuators.kd`, or the kv of the model's position servos."""
 
     field: ClassVar[str] = "kd"
 
 
 def check_randomizations(randomizations: Sequence[Randomization], actuators: Actuators) -> None:
-    """Gain randomizations need PD actuators (ksim computes their torque, so it can scale the gains)."""
+    """Gain randomizations need PD actuators: ksim's own PD loop, or the model's position servos."""
     for randomization in randomizations:
-        if isinstance(randomization, _GainScale) and not isinstance(actuators, PositionActuators):
+        if isinstance(randomization, _GainScale) and not isinstance(
+            actuators, PositionActuators | PositionServoActuators
+        ):
             raise ConfigError(
-                f"{randomization.name} scales PD gains, which needs PositionActuators (the task's actuators "
-                f"are {type(actuators).__name__}); use ActuatorStrength instead"
+                f"{randomization.name} scales PD gains, which needs PositionActuators or PositionServoActuators "
+                f"(the task's actuators are {type(actuators).__name__}); use ActuatorStrength instead"
             )
 
 

@@ -13,7 +13,7 @@ from ksim import observations as obs
 from ksim import randomization as rnd
 from ksim import rewards as rew
 from ksim import terminations as term
-from ksim.actuators import Actuators, PositionActuators
+from ksim.actuators import Actuators, PositionActuators, PositionServoActuators
 from ksim.commands import Command, VelocityCommand
 from ksim.events import Event, Push
 from ksim.resets import RandomJointPositions, Reset
@@ -69,18 +69,22 @@ BALL_XML = """
       </body>
     </body>
   </worldbody>
-  <actuator><motor name="shoulder" joint="shoulder" gear="5" ctrlrange="-1 1" ctrllimited="true"/></actuator>
+  <actuator>{actuator}</actuator>
 </mujoco>"""
+BALL_MOTOR = '<motor name="shoulder" joint="shoulder" gear="5" ctrlrange="-1 1" ctrllimited="true"/>'
+BALL_SERVO = '<position name="shoulder" joint="shoulder" kp="20" kv="0.5" ctrlrange="-2 2" ctrllimited="true"/>'
 
 
 @dataclasses.dataclass
 class BallConfig(PPOConfig):
     sim2real: bool = True  # randomization, command, pushes and observation noise
+    servo: bool = False  # the shoulder is an MJCF position servo (PositionServoActuators), not a motor
 
 
 class BallTask(PPOTask[BallConfig]):
     def get_mujoco_model(self) -> mujoco.MjModel:
-        return mujoco.MjModel.from_xml_string(BALL_XML.format(root='<freejoint name="root"/>'))
+        actuator = BALL_SERVO if self.config.servo else BALL_MOTOR
+        return mujoco.MjModel.from_xml_string(BALL_XML.format(root='<freejoint name="root"/>', actuator=actuator))
 
     def get_observations(self) -> Sequence[obs.Observation]:
         noise = 0.05 if self.config.sim2real else 0.0
@@ -120,6 +124,8 @@ class BallTask(PPOTask[BallConfig]):
         return [Push(max_velocity=(1.0, 1.0, 0.5), interval_s=(0.04, 0.1))] if self.config.sim2real else []
 
     def get_actuators(self) -> Actuators:
+        if self.config.servo:
+            return PositionServoActuators.from_model(self.engine.mj_model)
         return PositionActuators.from_model(
             self.engine.mj_model, kp=20.0, kd=0.5, default_qpos=self.engine.default_qpos
         )

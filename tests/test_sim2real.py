@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import mujoco
 import numpy as np
 import pytest
-from helpers import BALL_XML, BallTask, ball_config, cartpole_config
+from helpers import BALL_MOTOR, BALL_XML, BallTask, ball_config, cartpole_config
 
 from examples.cartpole import CartpoleTask
 from ksim import observations as obs
@@ -200,8 +200,10 @@ def test_bad_component_settings_name_the_component_and_the_rule(component: objec
 
 
 def test_push_refuses_a_fixed_base_and_a_planar_root() -> None:
-    with pytest.raises(ConfigError, match=r"^Push needs a moving base, but the base body 'ball' has no joints"):
-        Push().check(ModelLayout.create(mujoco.MjModel.from_xml_string(BALL_XML.format(root=""))))
+    with pytest.raises(
+        ConfigError, match=r"^Push needs a moving base, but the base body 'ball' is welded to the world"
+    ):
+        Push().check(ModelLayout.create(mujoco.MjModel.from_xml_string(BALL_XML.format(root="", actuator=BALL_MOTOR))))
     cartpole = ModelLayout.create(load_mujoco_model("cartpole.xml"))  # its root is a slider
     with pytest.raises(ConfigError, match=r"^Push needs a free root joint, but the base body 'cart'"):
         Push().check(cartpole)
@@ -225,7 +227,11 @@ class _CartpoleNoisy(CartpoleTask):
 @pytest.mark.parametrize(
     ("task_class", "overrides", "message"),
     [
-        (_CartpoleWithGains, {}, "VelocityGain scales PD gains, which needs PositionActuators (the task's actuators"),
+        (
+            _CartpoleWithGains,
+            {},
+            "VelocityGain scales PD gains, which needs PositionActuators or PositionServoActuators",
+        ),
         (_CartpoleTracking, {}, "Command reads the command, but the task has none (get_command returns None)"),
         (_CartpoleNoisy, {}, "JointPosition.noise_type='pink' must be one of 'gaussian', 'uniform'"),
         (CartpoleTask, {"action_delay_steps": -1}, "action_delay_steps=-1 must be >= 0"),

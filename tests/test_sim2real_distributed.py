@@ -80,3 +80,29 @@ def test_replicated_state_stays_identical_with_everything_on(runs: dict, num_dev
     state, _ = task.train_step(state)
     state = task.after_train_step(state, step=2)
     assert task.replica_divergences(state) == []
+
+
+@pytest.fixture(scope="module")
+def servo_runs() -> dict[int, tuple[DistributedBallTask, TrainState]]:
+    """Per device count: the ball task with an MJCF position servo, after one train step."""
+    results = {}
+    for num_devices in (1, 2):
+        task = DistributedBallTask(distributed_ball_config(num_devices=num_devices, servo=True))
+        stepped, _ = task.train_step(task.init_train_state())
+        results[num_devices] = (task, stepped)
+    return results
+
+
+def test_servo_gain_randomization_is_the_same_per_env_on_any_device_count(servo_runs: dict) -> None:
+    one_task, one = servo_runs[1]
+    task, two = servo_runs[2]
+    expected, actual = per_env_draws(one.env), per_env_draws(two.env)
+    fields = expected["current.randomized"].model_fields
+    gain, bias = np.asarray(fields["actuator_gainprm"]), np.asarray(fields["actuator_biasprm"])
+    assert len(np.unique(gain[:, 0, 0])) == gain.shape[0]  # every env draws its own servo kp
+    np.testing.assert_allclose(bias[:, 0, 1], -gain[:, 0, 0], rtol=1e-6)  # kp in gain and bias together
+    assert expected["current.randomized"].gain_scales == {}  # the servo's gains live in the model fields
+    for name in expected:
+        for want, got in zip(jax.tree.leaves(expected[name]), jax.tree.leaves(actual[name]), strict=True):
+            np.testing.assert_array_equal(got, want, err_msg=name)
+    assert relative_error(task.fetch_replicated(two.shared), one_task.fetch_replicated(one.shared)) < 1e-5

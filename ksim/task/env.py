@@ -136,7 +136,9 @@ class EnvMixin:
         qvel = jnp.zeros(engine.mj_model.nv)
         for reset, key in zip(self.resets, reset_keys, strict=True):
             qpos, qvel = reset.apply(qpos, qvel, engine.layout, key)
-        randomized = sample_randomizations(self.randomizations, engine.mjx_model, engine.layout, randomize_key)
+        drawn = sample_randomizations(self.randomizations, engine.mjx_model, engine.layout, randomize_key)
+        gain_scales, fields = self.actuators.apply_gain_scales(drawn.gain_scales, drawn.model_fields, engine.mjx_model)
+        randomized = Randomized(model_fields=fields, gain_scales=gain_scales)
         data = engine.make_data(qpos, qvel, randomized.model_fields)
         no_action = jnp.zeros(engine.action_dim)
         command, command_timer = start_command(self.command, command_key, ctrl_dt)

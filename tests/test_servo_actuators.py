@@ -1,0 +1,102 @@
+"""PositionServoActuators: MJCF position servos driven around the model's keyframe pose."""
+
+import jax
+import jax.numpy as jnp
+import mujoco
+import numpy as np
+import pytest
+
+from ksim.actuators import PositionServoActuators
+from ksim.config import ConfigError
+from ksim.engine import PhysicsEngine
+
+# A planar two-legged robot on position servos, its keyframe a crouch (knees bent) that action 0 must hold.
+LEGS = "".join(
+    f"""
+      <body name="{side}_thigh" pos="{x} 0 -0.05">
+        <joint name="{side}_hip" type="hinge" axis="0 1 0" range="-1.5 1.5"/>
+        <geom type="capsule" fromto="0 0 0 0 0 -0.3" size="0.04" mass="1"/>
+        <body name="{side}_shin" pos="0 0 -0.3">
+          <joint name="{side}_knee" type="hinge" axis="0 1 0" range="-2.5 0"/>
+          <geom type="capsule" fromto="0 0 0 0 0 -0.3" size="0.035" mass="0.5"/>
+          <geom name="{side}_foot" type="sphere" pos="0 0 -0.3" size="0.04" mass="0.1" contype="1" conaffinity="1"/>
+        </body>
+      </body>"""
+    for side, x in (("front", 0.15), ("back", -0.15))
+)
+SERVO_ROBOT = f"""
+<mujoco>
+  <compiler angle="radian"/>
+  <option timestep="0.005" iterations="4" ls_iterations="8"/>
+  <default><geom contype="0" conaffinity="0"/></default>
+  <worldbody>
+    <geom name="floor" type="plane" size="5 5 0.1" contype="1" conaffinity="1"/>
+    <body name="torso" pos="0 0 0.6">
+      <joint name="rootx" type="slide" axis="1 0 0"/>
+      <joint name="rootz" type="slide" axis="0 0 1"/>
+      <joint name="rooty" type="hinge" axis="0 1 0"/>
+      <geom type="box" size="0.25 0.05 0.05" mass="4"/>{LEGS}
+    </body>
+  </worldbody>
+  <actuator>{{actuators}}</actuator>
+  <keyframe>
+    <key name="crouch" qpos="0 0.02 0  0.5 -1.0  0.5 -1.0"/>
+    <key name="straight" qpos="0 0 0  0 0  0 0"/>
+  </keyframe>
+</mujoco>"""
+JOINTS = ("front_hip", "front_knee", "back_hip", "back_knee")
+SERVOS = "".join(f'<position joint="{j}" kp="120" kv="4" ctrlrange="-2.5 2.5" ctrllimited="true"/>' for j in JOINTS)
+MOTORS = "".join(f'<motor name="{j}_motor" joint="{j}" gear="30"/>' for j in JOINTS)
+
+
+def servo_robot(actuators: str = SERVOS) -> mujoco.MjModel:
+    return mujoco.MjModel.from_xml_string(SERVO_ROBOT.format(actuators=actuators))
+
+
+def test_action_zero_holds_the_keyframe_pose_and_the_robot_stands() -> None:
+    mj_model = servo_robot()
+    engine = PhysicsEngine.create(mj_model, ctrl_dt=0.02, dt=0.005)
+    actuators = PositionServoActuators.from_model(mj_model, action_scale=0.5)
+    keyframe = engine.default_qpos
+    np.testing.assert_allclose(actuators.ctrl(jnp.zeros(4), None), keyframe[3:])  # type: ignore[arg-type]
+
+    def control_steps(data: object) -> object:
+        def one(data: object, _: None) -> tuple[object, None]:
+            return engine.step(data, lambda d: actuators.ctrl(jnp.zeros(4), d))[0], None  # type: ignore[arg-type]
+
+        return jax.lax.scan(one, data, None, length=100)[0]  # 2 s
+
+    start = engine.make_data(jnp.asarray(keyframe), jnp.zeros(mj_model.nv))
+    end = jax.jit(control_steps)(start)
+    np.testing.assert_allclose(end.qpos[3:], keyframe[3:], atol=0.1)  # the joints hold the crouch (under load)
+    assert float(end.xpos[1, 2]) > 0.4  # the torso stays up: the robot stands on its feet
+    assert abs(float(end.qpos[2])) < 0.1  # and upright
+
+
+def test_the_default_pose_is_a_named_keyframe_when_asked() -> None:
+    actuators = PositionServoActuators.from_model(servo_robot(), action_scale=0.25, keyframe="straight")
+    np.testing.assert_allclose(actuators.ctrl(jnp.ones(4), None), 0.25)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=r"^keyframe='stand': the model has no such keyframe; its keyframes are"):
+        PositionServoActuators.from_model(servo_robot(), keyframe="stand")
+
+
+def test_gain_scales_move_into_the_servos_model_fields() -> None:
+    mj_model = servo_robot()
+    engine = PhysicsEngine.create(mj_model, ctrl_dt=0.02, dt=0.005)
+    actuators = PositionServoActuators.from_model(mj_model)
+    kp, kd = jnp.asarray([1.1, 0.9, 1.0, 1.2]), jnp.asarray([0.8, 1.0, 1.0, 1.3])
+    scales, fields = actuators.apply_gain_scales({"kp": kp, "kd": kd}, {}, engine.mjx_model)
+    assert scales == {}
+    np.testing.assert_allclose(fields["actuator_gainprm"][:, 0], 120 * kp, rtol=1e-6)
+    np.testing.assert_allclose(fields["actuator_biasprm"][:, 1], -120 * kp, rtol=1e-6)
+    np.testing.assert_allclose(fields["actuator_biasprm"][:, 2], -4 * kd, rtol=1e-6)
+
+
+def test_a_model_with_motors_is_refused_naming_them() -> None:
+    with pytest.raises(ConfigError) as refused:
+        PositionServoActuators.from_model(servo_robot(MOTORS))
+    assert str(refused.value).startswith(
+        "PositionServoActuators needs every actuator to be a <position> servo on a hinge or slide joint: "
+        "'front_hip_motor' is a motor; 'front_knee_motor' is a motor;"
+    )
+    assert str(refused.value).endswith("(for <motor> actuators use TorqueActuators or PositionActuators)")
