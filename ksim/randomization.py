@@ -164,7 +164,7 @@ class CenterOfMassOffset(Randomization):
 
 @dataclass(frozen=True)
 class _DofScale(Randomization):
-    """Scales a per-dof field of the named joints (non-root joints for None), each dof independently."""
+    """Scales a per-dof field of the named joints (the robot joints for None), each dof independently."""
 
     joints: tuple[str, ...] | None = None
 

@@ -1,6 +1,7 @@
 """Resets: each a small class perturbing the initial joint state of a new episode.
 
-A reset acts on the non-root joints, or on the joints it names (root joints may be named too).
+A reset acts on the robot joints (every joint but the root joints), or on the joints it names (root joints
+may be named too).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ class _JointNoise(Reset):
 
 @dataclass(frozen=True)
 class RandomJointPositions(_JointNoise):
-    """Adds uniform noise in [-scale, scale] to the joints' positions (non-root joints unless named)."""
+    """Adds uniform noise in [-scale, scale] to the joints' positions (the robot joints unless named)."""
 
     def apply(self, qpos: Array, qvel: Array, layout: ModelLayout, rng: Array) -> tuple[Array, Array]:
         index = layout.qpos_indices(layout.joints(self.joints))
@@ -47,7 +48,7 @@ class RandomJointPositions(_JointNoise):
 
 @dataclass(frozen=True)
 class RandomJointVelocities(_JointNoise):
-    """Adds uniform noise in [-scale, scale] to the joints' velocities (non-root joints unless named)."""
+    """Adds uniform noise in [-scale, scale] to the joints' velocities (the robot joints unless named)."""
 
     def apply(self, qpos: Array, qvel: Array, layout: ModelLayout, rng: Array) -> tuple[Array, Array]:
         index = layout.qvel_indices(layout.joints(self.joints))
