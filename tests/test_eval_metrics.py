@@ -1,0 +1,137 @@
+"""Evaluation's locomotion measures on a task whose answers are known.
+
+A free puck floats without gravity or contacts, so its base keeps the velocity it starts with. Each episode
+starts it at 0.25 or 1.0 m/s along world x (a coin flip per episode); an episode ends by termination once
+the base passes x = 0.5 m, else by time after 1 s. So fast episodes (and only they) fall, each episode's
+mean speed is its start speed, and against a forward command of 0.25 m/s the tracking error is 0 or 0.75.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import mujoco
+import numpy as np
+import pytest
+
+from ksim import observations as obs
+from ksim import rewards as rew
+from ksim import terminations as term
+from ksim.actuators import Actuators, TorqueActuators
+from ksim.commands import Command, VelocityCommand
+from ksim.engine import ModelLayout, StepContext
+from ksim.resets import Reset
+from ksim.task.evaluation import summary_scalars
+from ksim.task.ppo import PPOConfig, PPOTask
+
+PUCK_XML = """
+<mujoco>
+  <option timestep="0.01" iterations="1" ls_iterations="1" gravity="0 0 0"><flag contact="disable"/></option>
+  <worldbody>
+    <body name="puck" pos="0 0 1">
+      <freejoint name="root"/>
+      <geom type="sphere" size="0.1" mass="1"/>
+      <body name="tab"><joint name="tab" type="hinge" axis="0 0 1"/><geom type="sphere" size="0.01" mass="0.01"/></body>
+    </body>
+  </worldbody>
+  <actuator><motor joint="tab" gear="1e-9" ctrlrange="-1 1"/></actuator>
+</mujoco>"""
+
+SLOW, FAST = 0.25, 1.0
+
+
+@dataclasses.dataclass(frozen=True)
+class CoinFlipSpeed(Reset):
+    """The base starts at SLOW or FAST m/s along world x."""
+
+    def apply(self, qpos: jax.Array, qvel: jax.Array, layout: ModelLayout, rng: jax.Array) -> tuple:
+        return qpos, qvel.at[0].set(jnp.where(jax.random.bernoulli(rng), FAST, SLOW))
+
+
+@dataclasses.dataclass(frozen=True)
+class PastHalfMetre(term.Termination):
+    def terminated(self, ctx: StepContext) -> jax.Array:
+        return ctx.base_pos[0] > 0.5
+
+
+@dataclasses.dataclass
+class PuckConfig(PPOConfig):
+    with_command: bool = False
+
+
+class PuckTask(PPOTask[PuckConfig]):
+    def get_mujoco_model(self) -> mujoco.MjModel:
+        return mujoco.MjModel.from_xml_string(PUCK_XML)
+
+    def get_observations(self) -> Sequence[obs.Observation]:
+        return [obs.BaseLinearVelocity()]
+
+    def get_rewards(self) -> Sequence[rew.Reward]:
+        return [rew.StayAlive(scale=1.0)]
+
+    def get_terminations(self) -> Sequence[term.Termination]:
+        return [PastHalfMetre()]
+
+    def get_resets(self) -> Sequence[Reset]:
+        return [CoinFlipSpeed()]
+
+    def get_command(self) -> Command | None:
+        forward = VelocityCommand(forward=(SLOW, SLOW), lateral=(0.0, 0.0), yaw_rate=(0.0, 0.0), zero_probability=0.0)
+        return forward if self.config.with_command else None
+
+    def get_actuators(self) -> Actuators:
+        return TorqueActuators.from_model(self.engine.mj_model)
+
+
+def puck_config(**overrides: object) -> PuckConfig:
+    settings: dict = {
+        "num_envs": 4,
+        "batch_size": 4,
+        "rollout_length_frames": 4,
+        "num_passes": 1,
+        "actor_hidden": [8],
+        "critic_hidden": [8],
+        "ctrl_dt": 0.02,
+        "dt": 0.01,
+        "episode_length_s": 1.0,
+        "eval_episodes": 16,
+        "num_steps": 1,
+        "save_every_n_steps": 0,
+    }
+    return PuckConfig(**{**settings, **overrides})
+
+
+@pytest.mark.parametrize("with_command", [False, True])
+def test_speed_fall_rate_and_command_error_are_the_known_ones(with_command: bool) -> None:
+    task = PuckTask(puck_config(with_command=with_command))
+    result = task.evaluation(task.init_train_state().shared)
+    fast = result.speed_x > (SLOW + FAST) / 2
+    assert 0 < fast.sum() < len(fast)  # both kinds of episode occur
+    np.testing.assert_allclose(result.speed_x, np.where(fast, FAST, SLOW), rtol=1e-4)
+    np.testing.assert_array_equal(result.fell, fast)  # only fast episodes pass 0.5 m within 1 s
+    np.testing.assert_array_equal(result.lengths, np.where(fast, 26, 50))  # past 0.5 m at step 26; limit 50
+    scalars = summary_scalars(result)
+    assert scalars["eval/fall_rate"] == pytest.approx(fast.mean())
+    assert scalars["eval/base_speed_x"] == pytest.approx(SLOW + (FAST - SLOW) * fast.mean(), rel=1e-4)
+    if with_command:
+        assert result.command_error is not None
+        np.testing.assert_allclose(result.command_error, np.where(fast, FAST - SLOW, 0.0), atol=1e-4)
+        assert scalars["eval/command_error"] == pytest.approx((FAST - SLOW) * fast.mean(), abs=1e-4)
+    else:
+        assert result.command_error is None and "eval/command_error" not in scalars
+
+
+def test_training_logs_the_measures(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    PuckTask(puck_config(eval_every_n_steps=1, run_dir=str(tmp_path))).run()
+    rows = [json.loads(line) for line in (tmp_path / "scalars.jsonl").read_text().splitlines()]
+    evals = [row for row in rows if "eval/return" in row]
+    assert len(evals) == 1 and 0 < evals[0]["eval/fall_rate"] < 1
+    assert evals[0]["eval/base_speed_x"] == pytest.approx(SLOW + (FAST - SLOW) * evals[0]["eval/fall_rate"], rel=1e-4)
+    eval_line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("eval step"))
+    assert "eval/base_speed_x" in eval_line and "eval/fall_rate" in eval_line
+    assert list((tmp_path / "tensorboard").iterdir())  # the same scalars go to TensorBoard
