@@ -2,7 +2,8 @@
 
 Training writes the same picture when it ends. The curves are read from `scalars.jsonl` (one JSON object
 per log line): the mean return and length of the episodes that ended in each logging window, and the
-deterministic evaluation return where the run evaluated (`eval_every_n_steps`), against env steps.
+deterministic evaluation return where the run evaluated (`eval_every_n_steps`), against env steps. Runs
+whose evaluations measured locomotion get a third panel: the evaluation's base speed and fall rate.
 """
 
 from __future__ import annotations
@@ -39,6 +40,20 @@ def draw_panel(axis: Any, rows: list[dict[str, float]], quantity: str, ylabel: s
     axis.set(xlabel="env steps", ylabel=ylabel, title=f"Episode {quantity}")
     axis.legend(loc="lower right", fontsize=8)
     axis.grid(alpha=0.3)
+    axis.ticklabel_format(axis="x", style="sci", scilimits=(0, 0))
+
+
+def draw_locomotion_panel(axis: Any, rows: list[dict[str, float]]) -> None:
+    """The evaluation's mean base world-x speed (m/s, left axis) and fall rate (right axis, 0 to 1)."""
+    axis.plot(*series(rows, "eval/base_speed_x"), "o-", color="tab:green", label="base speed x (m/s)")
+    axis.set(xlabel="env steps", ylabel="m/s", title="Evaluation: speed and falls")
+    axis.grid(alpha=0.3)
+    axis.ticklabel_format(axis="x", style="sci", scilimits=(0, 0))
+    fall_axis = axis.twinx()
+    fall_axis.plot(*series(rows, "eval/fall_rate"), "s--", color="tab:red", label="fall rate")
+    fall_axis.set(ylabel="fall rate", ylim=(-0.05, 1.05))
+    lines = axis.get_lines() + fall_axis.get_lines()
+    axis.legend(lines, [line.get_label() for line in lines], loc="center right", fontsize=8)
 
 
 def plot_learning_curve(run_dir: str | Path, title: str | None = None) -> Path:
@@ -50,9 +65,12 @@ def plot_learning_curve(run_dir: str | Path, title: str | None = None) -> Path:
 
     run_dir = Path(run_dir)
     rows = read_scalars(run_dir)
-    figure, (returns_axis, length_axis) = plt.subplots(1, 2, figsize=(10, 3.6))
-    draw_panel(returns_axis, rows, "return", "episode return", "training episodes (mean per log line)")
-    draw_panel(length_axis, rows, "length", "control steps", "training episodes")
+    locomotion = any("eval/base_speed_x" in row for row in rows)
+    figure, axes = plt.subplots(1, 3 if locomotion else 2, figsize=(15 if locomotion else 10, 3.6))
+    draw_panel(axes[0], rows, "return", "episode return", "training episodes (mean per log line)")
+    draw_panel(axes[1], rows, "length", "control steps", "training episodes")
+    if locomotion:
+        draw_locomotion_panel(axes[2], rows)
     figure.suptitle(title or run_dir.name)
     figure.tight_layout()
     path = run_dir / PICTURE

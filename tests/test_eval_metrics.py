@@ -15,6 +15,7 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+import matplotlib.image
 import mujoco
 import numpy as np
 import pytest
@@ -135,3 +136,5 @@ def test_training_logs_the_measures(tmp_path: Path, capsys: pytest.CaptureFixtur
     eval_line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("eval step"))
     assert "eval/base_speed_x" in eval_line and "eval/fall_rate" in eval_line
     assert list((tmp_path / "tensorboard").iterdir())  # the same scalars go to TensorBoard
+    width, _ = matplotlib.image.imread(tmp_path / "learning_curve.png").shape[1::-1]
+    assert width == 1500  # three panels: return, length, and the evaluation's speed and fall rate
