@@ -197,3 +197,21 @@ def add_noise(obs: Array, scales: tuple[np.ndarray, np.ndarray], rng: Array) -> 
     gaussian, uniform = scales
     noise = gaussian * jax.random.normal(gaussian_key, obs.shape)
     return obs + noise + uniform * jax.random.uniform(uniform_key, obs.shape, minval=-1.0, maxval=1.0)
+
+
+@dataclass(frozen=True)
+class GaitPhase(Observation):
+    """A gait clock: (sin, cos) of 2 pi t / `period_s`, t the time since the episode started.
+
+    The phase is the env's simulated time, so it lives in the physics state and restarts with every episode.
+    """
+
+    period_s: float = 0.5
+
+    def check(self, layout: ModelLayout) -> None:
+        if self.period_s <= 0:
+            raise ConfigError(f"{self.name}.period_s={self.period_s} must be positive")
+
+    def observe(self, ctx: StepContext) -> Array:
+        angle = 2 * jnp.pi * ctx.data.time / self.period_s
+        return jnp.stack([jnp.sin(angle), jnp.cos(angle)])

@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 
 from ksim.config import ConfigError
-from ksim.engine import ModelLayout, StepContext, rotate
+from ksim.engine import ModelLayout, StepContext, body_index, rotate
 
 Array = jax.Array
 
@@ -150,3 +150,75 @@ class AngularVelocityTracking(_TrackingReward):
     def value(self, ctx: StepContext) -> Array:
         error = jnp.square(ctx.base_ang_vel_world[2] - ctx.command[2])
         return jnp.exp(-error / self.sigma)
+
+
+def _check_bodies(component: str, layout: ModelLayout, bodies: tuple[str, ...]) -> None:
+    if not bodies:
+        raise ConfigError(f"{component}.feet is empty: name the foot bodies")
+    for body in bodies:
+        body_index(layout.body_names, body, f"{component}.feet")
+
+
+@dataclass(frozen=True)
+class JointPoseDeviation(Reward):
+    """Squared distance of the robot joints from `pose` (one value per robot joint, e.g. the home keyframe's)."""
+
+    pose: tuple[float, ...] = ()
+
+    def check(self, layout: ModelLayout) -> None:
+        if len(self.pose) != len(layout.robot_joints):
+            raise ConfigError(
+                f"{self.name}.pose has {len(self.pose)} values; the model has {len(layout.robot_joints)} robot joints"
+            )
+
+    def value(self, ctx: StepContext) -> Array:
+        return jnp.sum(jnp.square(ctx.joint_pos - jnp.asarray(self.pose)))
+
+
+@dataclass(frozen=True)
+class FeetSlip(Reward):
+    """Squared horizontal speed of the feet that touch the ground (body origin lower than `contact_height`)."""
+
+    feet: tuple[str, ...] = ()
+    contact_height: float = 0.03
+
+    def check(self, layout: ModelLayout) -> None:
+        _check_bodies(self.name, layout, self.feet)
+
+    def value(self, ctx: StepContext) -> Array:
+        total = jnp.zeros(())
+        for foot in self.feet:
+            body = ctx.layout.body_names.index(foot)
+            touching = ctx.body_pos(body)[2] < self.contact_height
+            total += jnp.where(touching, jnp.sum(jnp.square(ctx.body_lin_vel_world(body)[:2])), 0.0)
+        return total
+
+
+@dataclass(frozen=True)
+class FootSwingTracking(Reward):
+    """Feet follow a gait clock: exp(-sum of (height - target)^2 / sigma^2) over the feet.
+
+    Foot i's target height is `ground_height` + `swing_height` * max(sin(2 pi (t / period_s + offsets[i])), 0):
+    it swings in one half of its cycle and stands in the other. Offsets (0, 0.5, 0.5, 0) for feet ordered
+    (front right, front left, rear right, rear left) make a trot. Pair it with `GaitPhase` of the same period.
+    """
+
+    feet: tuple[str, ...] = ()
+    offsets: tuple[float, ...] = ()
+    period_s: float = 0.5
+    swing_height: float = 0.08
+    ground_height: float = 0.02
+    sigma: float = 0.05
+
+    def check(self, layout: ModelLayout) -> None:
+        _check_bodies(self.name, layout, self.feet)
+        if len(self.offsets) != len(self.feet):
+            raise ConfigError(f"{self.name}.offsets has {len(self.offsets)} values; feet has {len(self.feet)}")
+        if self.period_s <= 0 or self.sigma <= 0:
+            raise ConfigError(f"{self.name}: period_s={self.period_s} and sigma={self.sigma} must be positive")
+
+    def value(self, ctx: StepContext) -> Array:
+        phase = 2 * jnp.pi * (ctx.data.time / self.period_s + jnp.asarray(self.offsets))
+        target = self.ground_height + self.swing_height * jnp.maximum(jnp.sin(phase), 0.0)
+        heights = jnp.stack([ctx.body_pos(ctx.layout.body_names.index(foot))[2] for foot in self.feet])
+        return jnp.exp(-jnp.sum(jnp.square(heights - target)) / self.sigma**2)
