@@ -3,6 +3,7 @@
     python -m ksim.inspect MODEL.xml                  # a bundled model's bare name works too: humanoid.xml
     python -m ksim.inspect MODEL.xml --envs 256 --ctrl-dt 0.02
     python -m ksim.inspect MODEL.xml --no-timing      # layout and refusals only, nothing compiled
+    python -m ksim.inspect MODEL.xml --compare-tuned  # also time it with the advice's <option> changes
 
 It prints the base body and root kind, the robot joints with their ranges, the actuators with their kind and
 the ksim actuator class that fits them, the sensors, the geom pairs MJX checks for contact at every step, the
@@ -14,6 +15,7 @@ file that is no loadable model.
 from __future__ import annotations
 
 import argparse
+import copy
 import sys
 import time
 from collections.abc import Sequence
@@ -168,6 +170,29 @@ def cost_advice(mj_model: mujoco.MjModel, num_substeps: int, num_pairs: int) -> 
     return advice
 
 
+def tuned_options(mj_model: mujoco.MjModel) -> tuple[mujoco.MjModel, list[str]]:
+    """A copy of the model with the advice's <option> changes applied, and what they were."""
+    tuned, changes = copy.deepcopy(mj_model), []
+    option = tuned.opt
+    if option.iterations > CHEAP_SOLVER_ITERATIONS:
+        option.iterations = CHEAP_SOLVER_ITERATIONS
+        changes.append(f"iterations={CHEAP_SOLVER_ITERATIONS}")
+    if option.ls_iterations > CHEAP_LS_ITERATIONS:
+        option.ls_iterations = CHEAP_LS_ITERATIONS
+        changes.append(f"ls_iterations={CHEAP_LS_ITERATIONS}")
+    if option.integrator == mujoco.mjtIntegrator.mjINT_RK4:
+        fluid = option.density > 0 or option.viscosity > 0 or bool(np.any(option.wind))
+        option.integrator = mujoco.mjtIntegrator.mjINT_EULER if fluid else mujoco.mjtIntegrator.mjINT_IMPLICITFAST
+        changes.append("integrator=" + ("Euler" if fluid else "implicitfast"))
+    if option.solver == mujoco.mjtSolver.mjSOL_CG:
+        option.solver = mujoco.mjtSolver.mjSOL_NEWTON
+        changes.append("solver=Newton")
+    if option.cone == mujoco.mjtCone.mjCONE_ELLIPTIC:
+        option.cone = mujoco.mjtCone.mjCONE_PYRAMIDAL
+        changes.append("cone=pyramidal")
+    return tuned, changes
+
+
 @dataclass(frozen=True)
 class StepCost:
     compile_s: float
@@ -214,6 +239,7 @@ def inspect_model(
     ctrl_dt: float = 0.02,
     num_envs: int = 64,
     timing: bool = True,
+    compare_tuned: bool = False,
 ) -> tuple[list[str], bool]:
     """The report's lines, and whether MJX can run the model."""
     layout = ModelLayout.create(mj_model, base_body, root_joints)
@@ -239,8 +265,17 @@ def inspect_model(
     else:
         lines.append(f"MJX: runs this model (mujoco-mjx {mjx_contract.mjx_version()})")
     if timing and not refusals:
-        engine = PhysicsEngine.create(mj_model, num_substeps * option.timestep, option.timestep, base_body, root_joints)
-        lines += cost_lines(measure_step(engine, num_envs))
+        ctrl_dt = num_substeps * option.timestep
+        cost = measure_step(PhysicsEngine.create(mj_model, ctrl_dt, option.timestep, base_body, root_joints), num_envs)
+        lines += cost_lines(cost)
+        tuned, changes = tuned_options(mj_model)
+        if compare_tuned and changes:
+            tuned_engine = PhysicsEngine.create(tuned, ctrl_dt, option.timestep, base_body, root_joints)
+            tuned_cost = measure_step(tuned_engine, num_envs)
+            lines.append(
+                f"with {', '.join(changes)}: {tuned_cost.env_steps_per_s:,.0f} env-steps/s, "
+                f"{tuned_cost.env_steps_per_s / cost.env_steps_per_s:.1f}x (check that the model still behaves)"
+            )
     advice = cost_advice(mj_model, num_substeps, num_pairs)
     lines += ["advice:", *(f"  {item}" for item in advice)] if advice else ["advice: none, the model is cheap for MJX"]
     return lines, not refusals
@@ -254,6 +289,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--ctrl-dt", type=float, default=0.02, help="control period in seconds (default 0.02)")
     parser.add_argument("--envs", type=int, default=64, help="envs in the timed batch (default 64)")
     parser.add_argument("--no-timing", action="store_true", help="do not compile and time a control step")
+    parser.add_argument(
+        "--compare-tuned", action="store_true", help="also time the model with the advice's <option> changes applied"
+    )
     args = parser.parse_args(argv)
     if args.envs <= 0:
         parser.error(f"--envs={args.envs} must be positive")
@@ -271,7 +309,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         lines, runs = inspect_model(
-            mj_model, args.base_body, args.root_joints, args.ctrl_dt, args.envs, timing=not args.no_timing
+            mj_model,
+            args.base_body,
+            args.root_joints,
+            args.ctrl_dt,
+            args.envs,
+            timing=not args.no_timing,
+            compare_tuned=args.compare_tuned,
         )
     except ConfigError as error:
         print(f"error: {error}", file=sys.stderr)

@@ -197,9 +197,24 @@ def _collision_refusals(mj_model: mujoco.MjModel) -> list[Refusal]:
     return refusals
 
 
+def _touch_refusals(mj_model: mujoco.MjModel) -> list[Refusal]:
+    """MJX computes touch sensors from the contacts' forces and fails where no contact can exist."""
+    touch = np.flatnonzero(mj_model.sensor_type == mujoco.mjtSensor.mjSENS_TOUCH)
+    no_contacts = bool(mj_model.opt.disableflags & mujoco.mjtDisableBit.mjDSBL_CONTACT) or not collision_pairs(mj_model)
+    if not (len(touch) and no_contacts):
+        return []
+    names = ", ".join(repr(mujoco.mj_id2name(mj_model, mujoco.mjtObj.mjOBJ_SENSOR, int(i)) or f"#{i}") for i in touch)
+    return [Refusal(f"touch sensor {names} in a model where nothing can collide", "remove it, or let geoms collide")]
+
+
 def refusals(mj_model: mujoco.MjModel) -> list[Refusal]:
     """Every feature of the model that MJX's JAX implementation (as ksim steps it) cannot run."""
-    return [*_option_refusals(mj_model), *_type_refusals(mj_model), *_collision_refusals(mj_model)]
+    return [
+        *_option_refusals(mj_model),
+        *_type_refusals(mj_model),
+        *_collision_refusals(mj_model),
+        *_touch_refusals(mj_model),
+    ]
 
 
 def require_supported(mj_model: mujoco.MjModel) -> None:

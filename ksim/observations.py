@@ -1,7 +1,8 @@
 """Observations: each a small class with one method from a `StepContext` to a vector.
 
-Joints are the non-root joints unless named (`joints=("knee", ...)`, root joints may be named too);
-bodies are named. `check(layout)` refuses names the model lacks when the task is built.
+Joints are the robot joints unless named (`joints=("knee", ...)`, root joints may be named too): every joint
+but the root joints, which are free joints and the base body's unactuated joints (ksim.engine), so actuated
+joints are always observed; bodies are named. `check(layout)` refuses names the model lacks when the task is built.
 
 Every observation takes `noise=` (keyword only): the scale of the noise added to it during training
 rollouts, Gaussian (standard deviation) or uniform (half-width, `noise_type="uniform"`).
@@ -50,7 +51,11 @@ def _clip(values: Array, clip: float | None) -> Array:
 
 @dataclass(frozen=True)
 class JointPosition(Observation):
-    """Joint positions (non-root joints, or the named ones), relative to `offset` (e.g. the default pose)."""
+    """Joint positions (the robot joints, or the named ones), relative to `offset` (e.g. the default pose).
+
+    The robot joints include the actuated joints of the base body: a fixed-base robot's first joint (a cart's
+    slider, an arm's shoulder) is observed. A model without robot joints is refused when the task is built.
+    """
 
     offset: tuple[float, ...] | None = None
     joints: tuple[str, ...] | None = None
@@ -65,7 +70,7 @@ class JointPosition(Observation):
 
 @dataclass(frozen=True)
 class JointVelocity(Observation):
-    """Joint velocities (non-root joints, or the named ones), times `scale`, optionally clipped to ±`clip`."""
+    """Joint velocities (the robot joints, or the named ones), times `scale`, optionally clipped to ±`clip`."""
 
     scale: float = 0.1
     joints: tuple[str, ...] | None = None

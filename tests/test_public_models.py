@@ -24,6 +24,7 @@ from mujoco import mjx
 gymnasium = pytest.importorskip("gymnasium")
 
 from ksim import inspect as ksim_inspect  # noqa: E402
+from ksim import mjx_contract  # noqa: E402
 from ksim import observations as obs  # noqa: E402
 from ksim.config import ConfigError  # noqa: E402
 from ksim.engine import ModelLayout, PhysicsEngine, StepContext, physics_step  # noqa: E402
@@ -211,3 +212,14 @@ def test_inspect_advises_on_an_untuned_model(capsys: pytest.CaptureFixture[str])
     assert "integrator RK4 evaluates the dynamics 4 times a step" in out
     assert re.search(r"actuators \(8\):\n  #0 +motor +joint hip_4, gear 150, ctrl \[-1, 1\]\n", out)
     assert "fits: TorqueActuators (the action is the torque) or PositionActuators" in out
+
+
+def test_the_advices_option_changes_apply_to_a_copy() -> None:
+    mj_model = load("ant.xml")
+    tuned, changes = ksim_inspect.tuned_options(mj_model)
+    assert changes == ["iterations=4", "ls_iterations=8", "integrator=implicitfast"]
+    assert (tuned.opt.iterations, tuned.opt.ls_iterations) == (4, 8)
+    assert tuned.opt.integrator == mujoco.mjtIntegrator.mjINT_IMPLICITFAST
+    assert (mj_model.opt.iterations, mj_model.opt.integrator) == (100, mujoco.mjtIntegrator.mjINT_RK4)
+    swimmer, changes = ksim_inspect.tuned_options(load("swimmer.xml"))  # viscous: implicitfast has no fluid forces
+    assert "integrator=Euler" in changes and not mjx_contract.refusals(swimmer)
