@@ -398,8 +398,12 @@ class PhysicsEngine:
         return data, ctrls[-1]
 
     def velocities_changed(self, data: mjx.Data, fields: dict[str, Array] | None = None) -> mjx.Data:
-        """Brings the velocity-dependent quantities up to date after something (an event) changed `qvel`."""
-        return velocity_stage(self.model(fields), data)
+        """Brings the velocity-dependent quantities up to date after something (an event) changed `qvel`.
+
+        Both stages run again: MJX builds the constraints' reference accelerations, which depend on `qvel`, in
+        its position stage.
+        """
+        return traced_position_and_velocity(self.model(fields), data)
 
     def context(
         self,
