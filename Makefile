@@ -16,7 +16,7 @@ else
 PIP_TARGET := '.[dev,$(JAX)]'
 endif
 
-.PHONY: install test lint format train-cartpole bench-brax clean
+.PHONY: install test test-warp lint format train-cartpole bench-brax clean
 
 install: $(STAMP)
 
@@ -29,6 +29,14 @@ $(STAMP): pyproject.toml constraints-cpu.txt
 
 test: install
 	$(BIN)/python -m pytest tests
+
+# physics_impl=warp's tests need warp-lang (the warp extra: the warp-lang that mujoco-mjx 3.17's own warp extra
+# pins), which dev leaves out because it slows every `import mujoco.mjx`. It goes into a folder of the venv that
+# only these tests put on the path.
+WARP_SITE := $(VENV)/warp-site
+test-warp: install
+	test -d $(WARP_SITE) || $(BIN)/python -m pip install --quiet --no-deps --target $(WARP_SITE) warp-lang==1.18.0
+	PYTHONPATH=$(WARP_SITE) $(BIN)/python -m pytest tests -k "warp or physics_impl"
 
 lint: install
 	$(BIN)/ruff check ksim examples tests benchmarks

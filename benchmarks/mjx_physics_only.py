@@ -25,7 +25,7 @@ def main() -> None:
     num_envs = int(sys.argv[2]) if len(sys.argv) > 2 else 256
     substeps = int(sys.argv[3]) if len(sys.argv) > 3 else 4
     mj_model = mujoco.MjModel.from_xml_path(model_path)
-    model = mjx.put_model(mj_model)
+    model = mjx.put_model(mj_model, impl="jax")
 
     def control_step(data: mjx.Data, key: jax.Array) -> mjx.Data:
         ctrl = jax.random.uniform(key, (mj_model.nu,), minval=-1.0, maxval=1.0)
@@ -38,7 +38,7 @@ def main() -> None:
 
         return jax.lax.scan(body, data, jax.random.split(key, CONTROL_STEPS))[0]
 
-    data = jax.jit(jax.vmap(lambda _: mjx.forward(model, mjx.make_data(model))))(jnp.arange(num_envs))
+    data = jax.jit(jax.vmap(lambda _: mjx.forward(model, mjx.make_data(model, impl="jax"))))(jnp.arange(num_envs))
     start = time.perf_counter()
     data = jax.block_until_ready(rollout(data, jax.random.PRNGKey(0)))
     compile_s = time.perf_counter() - start

@@ -13,6 +13,7 @@ resets, joint observations) means the robot joints unless a component names join
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -321,7 +322,13 @@ class StepContext(struct.PyTreeNode):
 
 @dataclass(frozen=True)
 class PhysicsEngine:
-    """An MJX model stepped at `ctrl_dt`, each control step made of `ctrl_dt / dt` physics steps."""
+    """An MJX model stepped at `ctrl_dt`, each control step made of `ctrl_dt / dt` physics steps.
+
+    `physics_impl` is MJX's implementation: "jax" (ksim's own order of MJX's stages, below) or "warp" (MJX's
+    public `mjx.step` and `mjx.forward` on its Warp implementation, for a CUDA GPU or the CPU). With Warp the
+    contacts of all envs of one vmapped call are one pool, sized for `max_envs` envs at MuJoCo Warp's default
+    number of contacts per env.
+    """
 
     mj_model: mujoco.MjModel
     mjx_model: mjx.Model
@@ -329,6 +336,8 @@ class PhysicsEngine:
     dt: float
     default_qpos: np.ndarray
     layout: ModelLayout
+    physics_impl: str = "jax"
+    max_envs: int = 1
 
     @classmethod
     def create(
@@ -338,20 +347,52 @@ class PhysicsEngine:
         dt: float,
         base_body: str | None = None,
         root_joints: Sequence[str] | None = None,
+        physics_impl: str = "jax",
+        max_envs: int = 1,
     ) -> PhysicsEngine:
+        # On this process's first device: the global device 0 belongs to process 0 in multi-process runs.
+        device = jax.local_devices()[0]
+        mjx_contract.require_impl(physics_impl, device)
         mj_model.opt.timestep = dt
-        mjx_contract.require_supported(mj_model)
+        if physics_impl == "jax":
+            mjx_contract.require_supported(mj_model)
         layout = ModelLayout.create(mj_model, base_body, root_joints)
         default_qpos = mj_model.key_qpos[0].copy() if mj_model.nkey > 0 else mj_model.qpos0.copy()
         return cls(
             mj_model=mj_model,
-            # On this process's first device: the global device 0 belongs to process 0 in multi-process runs.
-            mjx_model=mjx_contract.put_model(mj_model, "jax", device=jax.local_devices()[0]),
+            mjx_model=mjx_contract.put_model(mj_model, physics_impl, device=device),
             ctrl_dt=ctrl_dt,
             dt=dt,
             default_qpos=default_qpos,
             layout=layout,
+            physics_impl=physics_impl,
+            max_envs=max_envs,
         )
+
+    @property
+    def uses_warp(self) -> bool:
+        return self.physics_impl == "warp"
+
+    @functools.cached_property
+    def _warp_blank(self) -> mjx.Data:
+        """A fresh Warp data for one env (made once, outside any trace), its shared fields as JAX arrays like
+        those of every env's data (MJX makes them NumPy arrays, which its dataclasses treat as static)."""
+        with jax.ensure_compile_time_eval():
+            data = mjx_contract.make_data(self.mj_model, "warp", device=jax.local_devices()[0])
+            return mjx_contract.with_warp_shared(data, mjx_contract.warp_shared(data))
+
+    @functools.cached_property
+    def _warp_pool(self) -> dict[str, Any]:
+        """Warp's shared fields for one call: a contact pool for `max_envs` envs."""
+        with jax.ensure_compile_time_eval():
+            device = jax.local_devices()[0]
+            return mjx_contract.warp_shared(mjx_contract.make_data(self.mj_model, "warp", device, self.max_envs))
+
+    def _warp_forward(self, model: mjx.Model, data: mjx.Data) -> mjx.Data:
+        """`mjx.forward` on Warp with the call's contact pool, as in `step`."""
+        kept = mjx_contract.warp_shared(data)
+        data = traced_mjx_forward(model, mjx_contract.with_warp_shared(data, self._warp_pool))
+        return mjx_contract.with_warp_shared(data, kept)
 
     @property
     def num_substeps(self) -> int:
@@ -368,8 +409,11 @@ class PhysicsEngine:
     def make_data(self, qpos: Array, qvel: Array, fields: dict[str, Array] | None = None) -> mjx.Data:
         """Physics state at a given pose, with what depends on positions and velocities computed (bodies,
         contacts, sensors); accelerations and forces stay zero until the first physics step computes them,
-        unless the model has acceleration-stage sensors (then this is the whole `mjx.forward`)."""
+        unless the model has acceleration-stage sensors (then this is the whole `mjx.forward`). With Warp it is
+        always the whole `mjx.forward`."""
         model = self.model(fields)
+        if self.uses_warp:
+            return self._warp_forward(model, self._warp_blank.replace(qpos=qpos, qvel=qvel))
         data = mjx_contract.make_data(model, "jax").replace(qpos=qpos, qvel=qvel)
         return (traced_forward if self.has_acceleration_sensors else traced_position_and_velocity)(model, data)
 
@@ -386,23 +430,35 @@ class PhysicsEngine:
         `fields` give (as `make_data` with the same fields, and this method, leave them). Each substep is
         `mjx.step` with its position and velocity stages moved from the substep's start to its end: the same
         physics, but the state a control step returns has its bodies, contacts and sensors computed for its
-        final positions and velocities, without a second kinematics pass.
+        final positions and velocities, without a second kinematics pass. With Warp each substep is
+        `mjx.step` and one `mjx.forward` after the last brings the returned state to the same meaning (its
+        accelerations then are those of the final state).
         """
         model = self.model(fields)
+        physics = traced_mjx_step if self.uses_warp else traced_physics_step
+        if self.uses_warp:
+            # Warp's contacts are one pool for every env of the vmapped call; each env's data keeps the copy of
+            # those fields ksim gave it (`jax.vmap` passes them through unbatched, so they keep their shape).
+            kept = mjx_contract.warp_shared(data)
+            data = mjx_contract.with_warp_shared(data, self._warp_pool)
 
         def substep(data: mjx.Data, _: None) -> tuple[mjx.Data, Array]:
             ctrl = control(data)
-            return traced_physics_step(model, data.replace(ctrl=ctrl)), ctrl
+            return physics(model, data.replace(ctrl=ctrl)), ctrl
 
         data, ctrls = jax.lax.scan(substep, data, None, length=self.num_substeps)
+        if self.uses_warp:
+            data = mjx_contract.with_warp_shared(traced_mjx_forward(model, data), kept)
         return data, ctrls[-1]
 
     def velocities_changed(self, data: mjx.Data, fields: dict[str, Array] | None = None) -> mjx.Data:
         """Brings the velocity-dependent quantities up to date after something (an event) changed `qvel`.
 
         Both stages run again: MJX builds the constraints' reference accelerations, which depend on `qvel`, in
-        its position stage.
+        its position stage. With Warp, whose stages are no public functions, it is a whole `mjx.forward`.
         """
+        if self.uses_warp:
+            return self._warp_forward(self.model(fields), data)
         return traced_position_and_velocity(self.model(fields), data)
 
     def context(
@@ -489,6 +545,8 @@ def physics_step(model: mjx.Model, data: mjx.Data) -> mjx.Data:
 
 
 traced_physics_step = jax.jit(physics_step)
+traced_mjx_step = jax.jit(mjx.step)
+traced_mjx_forward = jax.jit(mjx.forward)
 
 
 def substeps_divide(ctrl_dt: float, dt: float) -> bool:

@@ -8,24 +8,35 @@ to joint forces itself (ksim.engine). Beyond that public API it needs:
 - `constraint_rows`: the number of constraint rows of a data (the shape of `efc_J`, kept in the
   implementation's part of the data);
 - which model features MJX's JAX implementation cannot run (`refusals`), which its private collision
-  table and its public enums tell.
+  table and its public enums tell;
+- for the Warp implementation, which fields of the data all envs of one vmapped call share (`warp_pool`):
+  the contacts of every env are one pool there, sized for all of them.
+
+With `physics_impl="warp"` ksim uses none of that: it steps through MJX's public `mjx.step` and
+`mjx.forward` with MJX's Warp implementation (`put_model`/`make_data` with `impl="warp"`, warp-lang installed
+by the `warp` extra), which runs on a CUDA GPU or the CPU.
 
 `tests/test_mjx_contract.py` compares ksim's control step with `mjx.step` for every integrator MJX
-implements, with contacts, equality constraints, tendons, acceleration sensors and actuator activation;
-`TESTED_MJX_VERSIONS` are the mujoco-mjx releases it passed on, and pyproject.toml allows just those.
+implements, with contacts, equality constraints, tendons, acceleration sensors and actuator activation, and
+the Warp implementation's control step with the JAX one; `TESTED_MJX_VERSIONS` are the mujoco-mjx releases
+it passed on, and pyproject.toml allows just those.
 """
 
 from __future__ import annotations
 
 import importlib.metadata
 from dataclasses import dataclass
+from typing import Any
 
 import jax
+import jax.numpy as jnp
 import mujoco
 import numpy as np
 from mujoco import mjx
+from mujoco.mjx import warp as _mjx_warp
 from mujoco.mjx._src import collision_driver as _mjx_collision
 from mujoco.mjx._src import smooth as _mjx_smooth
+from mujoco.mjx.warp import types as _mjx_warp_types
 
 from ksim.config import ConfigError
 
@@ -60,6 +71,36 @@ def constraint_rows(data: mjx.Data) -> int:
     return int(getattr(data, "_impl", data).efc_J.shape[0])
 
 
+def warp_installed() -> bool:
+    """Whether MJX found warp-lang (it imports it, and its own copy of MuJoCo Warp, when `mujoco.mjx` loads)."""
+    return bool(_mjx_warp.WARP_INSTALLED)
+
+
+def require_impl(impl: str, device: jax.Device) -> None:
+    """ConfigError naming `physics_impl` where the implementation cannot run here (before anything compiles)."""
+    if impl not in PHYSICS_IMPLS:
+        raise ConfigError(f"physics_impl={impl!r} must be one of {', '.join(repr(i) for i in PHYSICS_IMPLS)}")
+    if impl != "warp":
+        return
+    if not warp_installed():
+        raise ConfigError(
+            "physics_impl='warp' needs warp-lang, which is not installed: pip install 'ksim[warp]', "
+            "or set physics_impl='jax'"
+        )
+    if not (device.platform == "cpu" or _is_cuda_device(device)):
+        raise ConfigError(
+            f"physics_impl='warp': MJX's Warp implementation runs on a CUDA GPU or the CPU, not on {device}; "
+            "set physics_impl='jax'"
+        )
+
+
+def _is_cuda_device(device: jax.Device) -> bool:
+    try:
+        return device in jax.devices("cuda")
+    except RuntimeError:  # no CUDA backend
+        return False
+
+
 def put_model(mj_model: mujoco.MjModel, impl: str, device: jax.Device | None = None) -> mjx.Model:
     """`mjx.put_model` with an explicit implementation; what MJX still refuses becomes one ConfigError line."""
     try:
@@ -69,9 +110,31 @@ def put_model(mj_model: mujoco.MjModel, impl: str, device: jax.Device | None = N
         raise ConfigError(f"MJX ({impl}) cannot run this model: {reason}") from None
 
 
-def make_data(model: mjx.Model, impl: str) -> mjx.Data:
-    """`mjx.make_data` with an explicit implementation."""
-    return mjx.make_data(model, impl=impl)
+def make_data(
+    model: mjx.Model | mujoco.MjModel, impl: str, device: jax.Device | None = None, envs: int = 1
+) -> mjx.Data:
+    """`mjx.make_data` with an explicit implementation (Warp's takes the `mujoco.MjModel` only); with Warp,
+    its contact pool holds the default number of contacts per env for `envs` envs."""
+    if impl != "warp":
+        return mjx.make_data(model, impl=impl, device=device)
+    one = mjx.make_data(model, impl=impl, device=device)
+    return one if envs == 1 else mjx.make_data(model, impl=impl, device=device, naconmax=one._impl.naconmax * envs)
+
+
+# Fields of Warp's part of the data that `jax.vmap` passes through untouched (MJX registers them so): one
+# contact pool, its counts and index tables for all envs of a call.
+WARP_SHARED_FIELDS = tuple(name for name, batched in _mjx_warp_types._BATCH_DIM["Data"].items() if not batched)
+
+
+def warp_shared(data: mjx.Data) -> dict[str, Any]:
+    """The Warp fields all envs of a vmapped call share, as JAX arrays (MJX's dataclasses would make NumPy
+    ones static) and the sizes (`naconmax`, ...) as Python ints."""
+    fields = {name: getattr(data._impl, name) for name in WARP_SHARED_FIELDS}
+    return {name: jnp.asarray(value) if isinstance(value, np.ndarray) else value for name, value in fields.items()}
+
+
+def with_warp_shared(data: mjx.Data, shared: dict[str, Any]) -> mjx.Data:
+    return data.replace(_impl=data._impl.replace(**shared))
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,10 @@
 """The MJX contract: ksim's control step against `mjx.step`, for every integrator MJX implements, on a small
 model with (and without) contacts, a joint equality constraint, a fixed and a spatial tendon, acceleration-stage
-sensors, actuators with activation (a filtered servo, an integrated-velocity servo) and external body forces."""
+sensors, actuators with activation (a filtered servo, an integrated-velocity servo) and external body forces;
+and physics_impl='warp' (MJX's Warp implementation, run here on the CPU) against the JAX implementation
+(tests/test_physics_impl.py runs it through a task)."""
+
+from types import SimpleNamespace
 
 import jax
 import jax.numpy as jnp
@@ -10,6 +14,7 @@ import pytest
 from mujoco import mjx
 
 from ksim import mjx_contract
+from ksim.config import ConfigError
 from ksim.engine import PhysicsEngine
 
 MODEL = """
@@ -130,3 +135,62 @@ def test_a_touch_sensor_without_contacts_is_refused() -> None:
 
 def test_the_contract_names_its_versions() -> None:
     assert mjx_contract.mjx_version().rsplit(".", 1)[0] in mjx_contract.TESTED_MJX_VERSIONS
+
+
+def test_warp_without_warp_lang_is_refused_before_compiling(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(mjx_contract._mjx_warp, "WARP_INSTALLED", False)
+    with pytest.raises(ConfigError, match=r"physics_impl='warp' needs warp-lang.*pip install 'ksim\[warp\]'"):
+        PhysicsEngine.create(contract_model("Euler"), ctrl_dt=0.02, dt=0.005, physics_impl="warp")
+
+
+def test_warp_on_a_device_it_cannot_run_on_is_refused() -> None:
+    with pytest.raises(ConfigError, match=r"runs on a CUDA GPU or the CPU, not on .*tpu.*set physics_impl='jax'"):
+        mjx_contract.require_impl("warp", SimpleNamespace(platform="tpu"))  # type: ignore[arg-type]
+
+
+needs_warp = pytest.mark.skipif(
+    not mjx_contract.warp_installed(), reason="warp-lang is not installed (pip install 'ksim[warp]')"
+)
+NUM_ENVS = 2
+
+
+def engine_run(impl: str) -> tuple[PhysicsEngine, mjx.Data]:
+    """Per env: a start with its own torso mass, a push (velocities changed), then a PD-controlled control step."""
+    model = contract_model("Euler")
+    engine = PhysicsEngine.create(model, SUBSTEPS * 0.005, 0.005, physics_impl=impl, max_envs=NUM_ENVS)
+    mj_model = engine.mj_model
+    rng = np.random.default_rng(1)
+    qpos = np.tile(mj_model.qpos0, (NUM_ENVS, 1))
+    qpos[:, 7:] = rng.uniform(-0.3, 0.3, (NUM_ENVS, mj_model.nq - 7))
+    qvel = rng.uniform(-0.5, 0.5, (NUM_ENVS, mj_model.nv))
+    mass = np.tile(mj_model.body_mass, (NUM_ENVS, 1))
+    mass[:, 1] *= np.array([0.7, 1.4])
+    push = np.zeros((mj_model.nbody, 6))
+    push[1] = rng.normal(size=6)
+
+    def control(data: mjx.Data) -> jax.Array:
+        return jnp.tanh(jnp.concatenate([-2.0 * data.qpos[7:], -data.qvel[6:7]]))
+
+    def one(qpos: jax.Array, qvel: jax.Array, mass: jax.Array) -> mjx.Data:
+        fields = {"body_mass": mass}
+        data = engine.make_data(qpos, qvel, fields)
+        data = engine.velocities_changed(data.replace(qvel=data.qvel.at[0].add(0.3)), fields)
+        data = data.replace(xfrc_applied=jnp.asarray(push, jnp.float32))
+        return engine.step(data, control, fields)[0]
+
+    args = (jnp.asarray(qpos, jnp.float32), jnp.asarray(qvel, jnp.float32), jnp.asarray(mass, jnp.float32))
+    return engine, jax.jit(jax.vmap(one))(*args)
+
+
+@needs_warp
+def test_warp_control_step_equals_the_jax_one() -> None:
+    warp_engine, warp = engine_run("warp")
+    assert warp_engine.mjx_model.impl == mjx.Impl.WARP
+    jax_engine, reference = engine_run("jax")
+    assert jax_engine.mjx_model.impl == mjx.Impl.JAX
+    close = {"atol": 2e-4, "rtol": 2e-3}
+    for field in ("qpos", "qvel", "act", "xpos", "ten_length"):
+        np.testing.assert_allclose(getattr(warp, field), getattr(reference, field), err_msg=field, **close)
+    acc_size = int(np.sum(warp_engine.mj_model.sensor_dim[:ACCELERATION_SENSORS]))
+    np.testing.assert_allclose(warp.sensordata[:, acc_size:], reference.sensordata[:, acc_size:], **close)
+    assert np.abs(np.diff(np.asarray(reference.qpos[:, 2]))) > 1e-4  # the two torso masses move apart
