@@ -143,7 +143,8 @@ def test_warp_without_warp_lang_is_refused_before_compiling(monkeypatch: pytest.
         PhysicsEngine.create(contract_model("Euler"), ctrl_dt=0.02, dt=0.005, physics_impl="warp")
 
 
-def test_warp_on_a_device_it_cannot_run_on_is_refused() -> None:
+def test_warp_on_a_device_it_cannot_run_on_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(mjx_contract._mjx_warp, "WARP_INSTALLED", True)
     with pytest.raises(ConfigError, match=r"runs on a CUDA GPU or the CPU, not on .*tpu.*set physics_impl='jax'"):
         mjx_contract.require_impl("warp", SimpleNamespace(platform="tpu"))  # type: ignore[arg-type]
 
