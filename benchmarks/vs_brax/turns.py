@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
 
 TURN_DONE = "ksim-bench: turn done"
 GO = "go"
@@ -18,20 +19,21 @@ GO = "go"
 class Turns:
     """The worker's side: `wait` between turns, `clock` for timings that leave the waits out."""
 
-    def __init__(self) -> None:
+    def __init__(self, now: Callable[[], float] = time.perf_counter) -> None:
+        self.now = now  # tests give a clock that does not depend on how fast the machine is
         self.waited_s = 0.0
 
     def wait(self) -> None:
         """Ends this worker's turn; returns when the parent gives it the next one."""
-        start = time.perf_counter()
+        start = self.now()
         print(TURN_DONE, flush=True)
         if sys.stdin.readline().strip() != GO:
             raise SystemExit("benchmarks.vs_brax worker: the parent closed the turn channel")
-        self.waited_s += time.perf_counter() - start
+        self.waited_s += self.now() - start
 
     def clock(self) -> float:
-        """Seconds of this worker's own turns (a `time.perf_counter` that stops while it waits)."""
-        return time.perf_counter() - self.waited_s
+        """Seconds of this worker's own turns (`now` stopped while it waits)."""
+        return self.now() - self.waited_s
 
 
 def turn_order(first: str, second: str, turn: int) -> str:
