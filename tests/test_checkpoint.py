@@ -8,7 +8,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -203,18 +202,33 @@ def test_keep_last_n_checkpoints_prunes_old_numbered_ones(trained: tuple, tmp_pa
     ]
 
 
+# Saves checkpoints of growing steps until it reaches its pause point: inside save number `pause_step`, before the
+# temp file's fsync or before the rename, or after that save returned. There it says "paused" and waits to be
+# killed, so each kill lands at a known point of a save, not at whatever a random delay hits.
 KILL_WORKER = textwrap.dedent(
     """
-    import sys
+    import os, sys, time
     import numpy as np
     from ksim.checkpoint import save_checkpoint
-    path = sys.argv[1]
-    print("started", flush=True)
+    path, pause_at, pause_step = sys.argv[1], sys.argv[2], int(sys.argv[3])
     step = 0
+
+    def pausing(point, call):
+        def hooked(*args):
+            if point == pause_at and step == pause_step:
+                print("paused", flush=True)
+                time.sleep(600)
+            return call(*args)
+        return hooked
+
+    os.fsync = pausing("fsync", os.fsync)  # a save's first fsync is its temp file's
+    os.replace = pausing("replace", os.replace)
+    saved = pausing("saved", lambda: None)
     while True:
         step += 1
         tree = {"weights": np.full((1024, 1024), step, np.float32), "step": np.asarray(step)}
         save_checkpoint(path, tree, {"task": "KillTest", "step": step})
+        saved()
     """
 )
 
@@ -222,22 +236,22 @@ KILL_WORKER = textwrap.dedent(
 def test_latest_checkpoint_survives_sigkill_mid_save(tmp_path: Path) -> None:
     path = tmp_path / "ckpt_latest.bin"
     target = {"weights": np.zeros((1024, 1024), np.float32), "step": np.asarray(0)}
-    rng = random.Random(7)
-    delays = [rng.uniform(0.0, 0.5) for _ in range(4)] + [0.5]  # the last one surely after a save
-    for delay in delays:
-        process = subprocess.Popen(
-            [sys.executable, "-c", KILL_WORKER, str(path)], cwd=ROOT, stdout=subprocess.PIPE, text=True
-        )
-        assert process.stdout is not None and process.stdout.readline().strip() == "started"
-        process.stdout.close()
-        time.sleep(delay)
+    # (pause point, save number, the step ckpt_latest.bin then holds: None for no file yet)
+    kills = [("fsync", 1, None), ("replace", 2, 1), ("saved", 2, 2), ("fsync", 3, 2), ("replace", 3, 2)]
+    for pause_at, pause_step, expected in kills:
+        command = [sys.executable, "-c", KILL_WORKER, str(path), pause_at, str(pause_step)]
+        process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, text=True)
+        assert process.stdout is not None and process.stdout.readline().strip() == "paused"
         process.kill()
         process.wait(timeout=30)
-        if path.exists():  # absent only if the kill came before the first save
-            loaded = load_checkpoint(path, target)
-            assert np.all(loaded["weights"] == loaded["step"]) and int(loaded["step"]) >= 1
-            assert load_metadata(path) == {"task": "KillTest", "step": int(loaded["step"])}
-    assert path.exists()
+        process.stdout.close()
+        if expected is None:
+            assert not path.exists()
+            continue
+        loaded = load_checkpoint(path, target)
+        assert int(loaded["step"]) == expected and np.all(loaded["weights"] == expected), (pause_at, pause_step)
+        assert load_metadata(path) == {"task": "KillTest", "step": expected}
+    assert len(list(tmp_path.glob(".ckpt_latest.bin.*.tmp"))) == 4  # left by the writers killed inside a save
     prune_checkpoints(tmp_path, keep_last=5)  # sweeps temp files of killed writers
     assert [p.name for p in tmp_path.iterdir()] == ["ckpt_latest.bin"]
 
