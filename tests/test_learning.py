@@ -12,6 +12,8 @@ from helpers import DistributedCartpoleConfig, DistributedCartpoleTask
 
 from examples.cartpole import DEFAULT_CONFIG, CartpoleTask
 
+pytestmark = pytest.mark.slow  # each test trains for minutes
+
 NUM_STEPS = 40
 THRESHOLD = 450.0
 
