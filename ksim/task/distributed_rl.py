@@ -31,7 +31,9 @@ from ksim.distributed import (
     split_keys_per_device,
     unreplicate,
 )
+from ksim.task import processes
 from ksim.task.loop import AheadOfTimeProgram
+from ksim.task.processes import ManyProcesses, StopVote, Timeouts, check_timeouts
 from ksim.task.rl import Program, RLConfig, RLTask, TrainState
 
 Array = jax.Array
@@ -53,6 +55,26 @@ class DistributedRLConfig(RLConfig):
     coordinator_address: str = xax.field("", help="Several machines: host:port of process 0 (empty: one process).")
     num_processes: int = xax.field(1, help="Several machines: how many processes take part.")
     process_id: int = xax.field(0, help="Several machines: this process's index, 0 .. num_processes - 1.")
+    heartbeat_timeout_s: int = xax.field(
+        60, help="Several machines: a process silent this long is declared lost and the others stop."
+    )
+    initialization_timeout_s: int = xax.field(300, help="Several machines: how long to wait for every process to join.")
+    shutdown_timeout_s: int = xax.field(300, help="Several machines: how long a finished process waits for the others.")
+    startup_timeout_s: int = xax.field(
+        3600, help="Several machines: how long to wait for every process to load and compile before training."
+    )
+
+
+TIMEOUT_SETTINGS = ("heartbeat_timeout_s", "initialization_timeout_s", "shutdown_timeout_s", "startup_timeout_s")
+
+
+def timeouts(config: DistributedRLConfig) -> Timeouts:
+    return Timeouts(
+        initialization=config.initialization_timeout_s,
+        peer=config.heartbeat_timeout_s,
+        shutdown=config.shutdown_timeout_s,
+        startup=config.startup_timeout_s,
+    )
 
 
 DistributedConfigT = TypeVar("DistributedConfigT", bound=DistributedRLConfig)
@@ -81,8 +103,8 @@ class DistributedRLTask(RLTask[DistributedConfigT]):
         if config.num_processes < 1 or not 0 <= config.process_id < config.num_processes:
             rule = f"must be in 0 .. num_processes - 1 (num_processes={config.num_processes})"
             raise ConfigError(f"process_id={config.process_id} {rule}")
-        jax.config.update("jax_cpu_collectives_implementation", "gloo")  # CPU collectives across processes
-        jax.distributed.initialize(config.coordinator_address, config.num_processes, config.process_id)
+        check_timeouts({name: getattr(config, name) for name in TIMEOUT_SETTINGS})
+        processes.join(config.coordinator_address, config.num_processes, config.process_id, timeouts(config))
 
     @property
     def num_local_devices(self) -> int:
@@ -204,9 +226,24 @@ class DistributedRLTask(RLTask[DistributedConfigT]):
     def _replica_check_program(self) -> Program:
         return make_replica_check(self.axis_name, self.devices)
 
+    @functools.cached_property
+    def _stop_vote_program(self) -> Program:
+        return self.compile(lambda flag: jax.lax.psum(flag, self.axis_name))
+
+    @functools.cached_property
+    def process_hooks(self) -> ManyProcesses | None:
+        """How the training loop coordinates with the other processes (None: this is the only one)."""
+        if jax.process_count() == 1:
+            return None
+        vote = StopVote(self._stop_vote_program, self.devices, self.axis_name)
+        return ManyProcesses(vote, timeouts(self.config))
+
     def ahead_of_time_programs(self, state: TrainState) -> dict[str, AheadOfTimeProgram]:
-        """Also the replica check and the local-SGD average, so nothing compiles mid-training."""
+        """Also the replica check, the local-SGD average and the stop vote, so nothing compiles mid-training."""
         programs = super().ahead_of_time_programs(state)
+        if self.process_hooks is not None:
+            flags = self.process_hooks.vote.flags(False)
+            programs["stop_vote"] = ("stop vote", lambda: self._stop_vote_program.lower(flags))
         if self.config.consistency_check_every_n_steps:
             tree = {"shared": state.shared, "rng": state.rng}
             programs["replica_check"] = ("replica check", lambda: self._replica_check_program.lower(tree))

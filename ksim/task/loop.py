@@ -15,6 +15,7 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
@@ -31,10 +32,15 @@ CACHE_MISS_EVENT = "/jax/compilation_cache/cache_misses"
 
 
 class GracefulStop:
-    """Turns the first SIGINT/SIGTERM into a flag so the loop can checkpoint before it exits."""
+    """Turns the first SIGINT/SIGTERM into a flag so the loop can checkpoint before it exits.
 
-    def __init__(self) -> None:
+    With `hold_sigterm` (several processes), a SIGTERM that arrives after the loop is ignored until the process
+    exits: a scheduler signals every process, and one may get it after the others' signal already stopped it.
+    """
+
+    def __init__(self, hold_sigterm: bool = False) -> None:
         self.requested = False
+        self.hold_sigterm = hold_sigterm
         self._previous: dict[int, Any] = {}
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
@@ -51,7 +57,8 @@ class GracefulStop:
 
     def __exit__(self, *exc: object) -> None:
         for signum, handler in self._previous.items():
-            signal.signal(signum, handler)
+            held = self.hold_sigterm and signum == signal.SIGTERM
+            signal.signal(signum, signal.SIG_IGN if held else handler)
 
 
 class Watchdog:
@@ -197,6 +204,8 @@ def run_training(task: RLTask[Any]) -> TrainState:
     logger = task.make_logger(run_dir)
     if run_dir:
         print(f"{task.task_name}: writing to {run_dir}", flush=True)
+    processes: ProcessHooks = getattr(task, "process_hooks", None) or ProcessHooks()
+    checkpoints = LastCheckpoint(processes.shared_run_dir(run_dir), step, config.load_from_ckpt_path)
 
     start_time = time.perf_counter()
     state = task.init_train_state(shared, rng)
@@ -204,11 +213,13 @@ def run_training(task: RLTask[Any]) -> TrainState:
     if run_dir:
         print(f"startup and compilation: {time.perf_counter() - start_time:.1f} s", flush=True)
     start_step, window = step, []  # window: metrics of the steps since the last log line, still on device
-    loop_start = last_log_time = time.perf_counter()
-    last_log_env_steps, eval_seconds = env_steps, 0.0  # evaluation time is kept out of the throughput
-    with GracefulStop() as stop, Watchdog(config.watchdog_timeout_s, task.hang_diagnosis) as watchdog:
+    watchdog = Watchdog(config.watchdog_timeout_s, task.hang_diagnosis)
+    with GracefulStop(hold_sigterm=jax.process_count() > 1) as stop, watchdog:
         try:
-            while step < config.num_steps and not stop.requested:
+            processes.wait_for_others(lambda: checkpoints.last)
+            loop_start = last_log_time = time.perf_counter()
+            last_log_env_steps, eval_seconds = env_steps, 0.0  # evaluation time is kept out of the throughput
+            while step < config.num_steps and not processes.agree_to_stop(stop.requested):
                 with jax.transfer_guard("disallow"):
                     state, metrics = task.train_step(state)
                 watchdog.track(metrics)
@@ -232,12 +243,60 @@ def run_training(task: RLTask[Any]) -> TrainState:
                     eval_seconds += time.perf_counter() - eval_start
                     if run_dir:
                         logger.log_eval(step, env_steps, eval_scalars)
-                if run_dir and config.save_every_n_steps and step % config.save_every_n_steps == 0:
-                    task.save(run_dir, state, step, env_steps)
-            if run_dir and step > start_step:  # normal end, or stopped by SIGINT/SIGTERM
-                print(f"saved checkpoint {task.save(run_dir, state, step, env_steps)}", flush=True)
+                if config.save_every_n_steps and step % config.save_every_n_steps == 0:
+                    checkpoints.saved(step, task.save(run_dir, state, step, env_steps) if run_dir else None)
+            if step > start_step:  # normal end, or stopped by SIGINT/SIGTERM
+                if step < config.num_steps and jax.process_count() > 1:  # every process stops here
+                    print(f"process {jax.process_index()}: stopped after step {step}", flush=True)
+                if run_dir:
+                    print(f"saved checkpoint {task.save(run_dir, state, step, env_steps)}", flush=True)
+        except jax.errors.JaxRuntimeError as error:
+            processes.on_runtime_error(error)
+            raise
         finally:
+            processes.leave()
             logger.close()
     if run_dir and step > start_step:
         task.after_training(run_dir)
     return state
+
+
+class ProcessHooks:
+    """What the loop asks of the other processes; with one process there is nothing to ask.
+
+    `DistributedRLTask.process_hooks` answers for several processes (ksim.task.processes).
+    """
+
+    def shared_run_dir(self, run_dir: Path | None) -> Path | None:
+        """Process 0's run folder, on every process."""
+        return run_dir
+
+    def wait_for_others(self, checkpoint: Callable[[], tuple[int, str]]) -> None:
+        """Returns once every process is ready to launch the first train step; `checkpoint` names the last one."""
+
+    def leave(self) -> None:
+        """This process has finished its train steps (normally or stopped)."""
+
+    def agree_to_stop(self, requested: bool) -> bool:
+        """Whether to stop before the next step (SIGINT/SIGTERM), the same answer on every process."""
+        return requested
+
+    def on_runtime_error(self, error: BaseException) -> None:
+        """Called when a device program failed; returning re-raises the error."""
+
+
+class LastCheckpoint:
+    """The newest checkpoint of this run, known on every process: (step, path; "" before the first one).
+
+    Only process 0 writes; the others know the folder (`shared_run_dir`) and that every process saves at the
+    same steps, so they can name it too.
+    """
+
+    def __init__(self, run_dir: Path | None, step: int, path: str) -> None:
+        self.run_dir = run_dir
+        self.last = (step, path)
+
+    def saved(self, step: int, path: Path | None) -> None:
+        if path is None and self.run_dir is not None:
+            path = self.run_dir / "checkpoints" / f"ckpt_{step:08d}.bin"
+        self.last = (step, str(path or ""))
