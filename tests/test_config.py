@@ -61,6 +61,12 @@ def test_single_device_rules(overrides: dict, message: str) -> None:
         ({"pmap_axis_name": " "}, "pmap_axis_name must be a non-empty name"),
         ({"on_divergence": "ignore"}, "on_divergence='ignore' must be one of 'raise', 'resync'"),
         ({"consistency_check_every_n_steps": -1}, "consistency_check_every_n_steps=-1 must be >= 0"),
+        ({"heartbeat_timeout_s": 0}, "heartbeat_timeout_s=0 must be a whole number of seconds >= 1"),
+        ({"startup_timeout_s": 0.5}, r"startup_timeout_s=0\.5 must be a whole number of seconds >= 1"),
+        (
+            {"coordinator_address": "127.0.0.1:1", "num_processes": 2, "shutdown_timeout_s": -3},
+            "shutdown_timeout_s=-3 must be a whole number of seconds >= 1",
+        ),
         (
             {"coordinator_address": "127.0.0.1:1", "num_processes": 2, "process_id": 2},
             r"process_id=2 must be in 0 \.\. num_processes - 1 \(num_processes=2\)",

@@ -148,6 +148,7 @@ class DistributedRLTask(RLTask[DistributedConfigT]):
             raise ConfigError("pmap_axis_name must be a non-empty name")
         require_non_negative(config, "consistency_check_every_n_steps", "consistency_tolerance")
         require_choice(config, "on_divergence", ("raise", "resync"))
+        check_timeouts({name: getattr(config, name) for name in TIMEOUT_SETTINGS})
 
     @property
     def hang_hazard(self) -> bool:
