@@ -47,7 +47,12 @@ def wait_for_line(processes: list[subprocess.Popen[str]], pattern: str, seen: li
     """Reads process 0's output until a line matches `pattern` (lines kept in `seen`); kills both after 300 s."""
     stdout = processes[0].stdout
     assert stdout is not None
-    deadline = threading.Timer(300, lambda: [process.kill() for process in processes])
+
+    def kill_all() -> None:
+        for process in processes:
+            process.kill()
+
+    deadline = threading.Timer(300, kill_all)
     deadline.start()
     try:
         for line in stdout:
