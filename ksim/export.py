@@ -11,14 +11,11 @@ import json
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jax
 
 from ksim.config import ConfigError
-
-if TYPE_CHECKING:
-    from ksim.task.rl import RLTask, SharedState
 
 SPEC_FORMAT = "ksim-policy/1"
 INPUT_NAME = "observation"
@@ -77,29 +74,19 @@ def load_policy_spec(path: str | Path) -> PolicySpec:
         raise ConfigError(f"{path} is not a ksim policy JSON ({error})") from None
 
 
-def policy_function(task: RLTask[Any], shared: SharedState) -> Callable[[jax.Array], jax.Array]:
-    """The task's deterministic policy on a batch of raw observations, with `shared` baked in as constants."""
-    shared = jax.device_get(shared)
-    key = jax.random.PRNGKey(0)  # unused by the deterministic policy
-
-    def policy(obs: jax.Array) -> jax.Array:
-        return task.sample_action(shared, obs, key, deterministic=True)
-
-    return policy
+Policy = Callable[[jax.Array], jax.Array]  # a batch of raw observations -> a batch of actions
 
 
-def policy_spec(task: RLTask[Any], onnx_file: str, checkpoint: str = "") -> PolicySpec:
-    """The JSON description of an exported policy of `task`."""
-    metadata = task.checkpoint_metadata()
+def policy_spec(metadata: dict[str, Any], action_meaning: str, onnx_file: str, checkpoint: str = "") -> PolicySpec:
+    """The JSON description of an exported policy, from its checkpoint metadata (task, observations, actions)."""
     actions = metadata["actions"]
-    doc = (type(task.actuators).__doc__ or "").strip().splitlines()
     return PolicySpec(
         task=metadata["task"],
         onnx_file=onnx_file,
         inputs=[PolicyInput(name, size) for name, size in metadata["observations"]],
         actuators=list(actions["names"]),
         actuator_type=actions["type"],
-        action_meaning=doc[0] if doc else "",
+        action_meaning=action_meaning,
         action_scale=actions["scale"],
         ctrl_dt=metadata["ctrl_dt"],
         versions=metadata["versions"],
@@ -122,12 +109,18 @@ def to_onnx_model(policy: Callable[[jax.Array], jax.Array], observation_size: in
     )
 
 
-def export_policy(task: RLTask[Any], shared: SharedState, path: str | Path, checkpoint: str = "") -> tuple[Path, Path]:
-    """Writes `path` (.onnx) and the JSON beside it (same name, .json); returns both paths."""
+def export_policy(
+    policy: Policy, metadata: dict[str, Any], action_meaning: str, path: str | Path, checkpoint: str = ""
+) -> tuple[Path, Path]:
+    """Writes `policy` to `path` (.onnx) and its description to the JSON beside it (same name, .json).
+
+    `metadata` is what a checkpoint says about its writer (its task, observation layout and actions);
+    returns both paths.
+    """
     onnx_path = Path(path)
     json_path = onnx_path.with_suffix(".json")
-    spec = policy_spec(task, onnx_path.name, checkpoint)
-    model = to_onnx_model(policy_function(task, shared), spec.observation_size)
+    spec = policy_spec(metadata, action_meaning, onnx_path.name, checkpoint)
+    model = to_onnx_model(policy, spec.observation_size)
     onnx_path.parent.mkdir(parents=True, exist_ok=True)
     onnx_path.write_bytes(model.SerializeToString())
     json_path.write_text(spec.to_json() + "\n")

@@ -105,7 +105,7 @@ def test_metadata_round_trip(trained: tuple) -> None:
     assert metadata is not None and metadata["task"] == "CartpoleTask"
     assert metadata["observations"] == [["JointPosition", 1], ["JointVelocity", 2]]
     assert metadata["actions"] == {"names": ["slide"], "type": "TorqueActuators", "scale": 1.0}
-    assert metadata["ctrl_dt"] == 0.02 and set(metadata["versions"]) == {"ksim", "jax", "flax", "mujoco"}
+    assert metadata["ctrl_dt"] == 0.02 and set(metadata["versions"]) == {"ksim", "jax", "flax", "mujoco", "mujoco-mjx"}
     assert "actor_hidden:\n- 16\n- 16" in metadata["config"]
 
 

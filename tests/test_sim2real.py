@@ -144,10 +144,11 @@ def test_observation_noise_is_on_in_training_only_unless_asked_for_in_evaluation
     assert task.noisy_observations(deterministic=False) and not task.noisy_observations(deterministic=True)
     evaluated_with_noise = BallTask(ball_config(eval_observation_noise=True))
     assert evaluated_with_noise.noisy_observations(deterministic=True)
-    gaussian, uniform = task.noise_scales  # JointPosition (1, Gaussian), JointVelocity (1, uniform), then none
+    # JointPosition (1, Gaussian), JointVelocity (1, uniform), then none
+    gaussian, uniform = task.environment.noise_scales
     np.testing.assert_allclose(gaussian, [0.05, 0, 0, 0, 0, 0, 0, 0])
     np.testing.assert_allclose(uniform, [0, 0.05, 0, 0, 0, 0, 0, 0])
-    noisy = jax.vmap(lambda key: obs.add_noise(jnp.zeros(8), task.noise_scales, key))(
+    noisy = jax.vmap(lambda key: obs.add_noise(jnp.zeros(8), task.environment.noise_scales, key))(
         jax.random.split(jax.random.PRNGKey(0), 4000)
     )
     assert np.std(noisy[:, 0]) == pytest.approx(0.05, rel=0.1)

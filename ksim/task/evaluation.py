@@ -9,22 +9,21 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, NamedTuple, cast
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from ksim.commands import VelocityCommand
+from ksim.commands import Command, VelocityCommand
+from ksim.engine import StepContext
 from ksim.rewards import heading_velocity
-
-if TYPE_CHECKING:
-    from ksim.engine import PhysicsEngine, StepContext
-    from ksim.task.env import Episode
-    from ksim.task.rl import Program, RLConfig, RLTask, SharedState, TrainState
+from ksim.task.env import Environment
+from ksim.task.types import Episode
 
 Array = jax.Array
+EvalProgram = Callable[[Any, Array], tuple["EpisodeStats", Array, Array]]  # (shared, env keys) -> stats, qpos, steps
 
 
 class EpisodeStats(struct.PyTreeNode):
@@ -48,40 +47,41 @@ class EvalResult(NamedTuple):
     qpos: np.ndarray
 
 
-def tracks_velocity(task: RLTask[Any]) -> bool:
-    return isinstance(task.command, VelocityCommand)
+def tracks_velocity(command: Command | None) -> bool:
+    return isinstance(command, VelocityCommand)
 
 
-def step_measures(task: RLTask[Any], ctx: StepContext) -> tuple[Array, Array]:
+def step_measures(command: Command | None, ctx: StepContext) -> tuple[Array, Array]:
     """(base world-x velocity, velocity-command tracking error) after one control step of one env."""
     speed_x = ctx.base_lin_vel_world[0]
-    if not tracks_velocity(task):
+    if not tracks_velocity(command):
         return speed_x, jnp.zeros(())
     return speed_x, jnp.linalg.norm(heading_velocity(ctx)[:2] - ctx.command[:2])
 
 
-def make_eval_program(task: RLTask[Any]) -> Callable[[SharedState, Array], tuple[EpisodeStats, Array, Array]]:
+def make_eval_program(environment: Environment) -> EvalProgram:
     """A jitted program: (shared, env_keys) -> (per-episode stats, env 0's qpos per step, steps run).
 
     Each env plays its first episode with the mean action; a `while_loop` ends when all have ended
     (or at the episode limit), so a policy that fails fast is evaluated fast.
     """
-    max_steps = task.max_episode_steps
+    max_steps = environment.settings.max_episode_steps
+    command = environment.components.command
 
-    def step_one(shared: SharedState, episode: Episode) -> tuple[Episode, Array, Array, Array, Array, Array]:
-        stepped, transition = task.step_env(shared, episode, deterministic=True)
-        ctx = task.engine.context(
+    def step_one(shared: Any, episode: Episode) -> tuple[Episode, Array, Array, Array, Array, Array]:
+        stepped, transition = environment.step_env(shared, episode, deterministic=True)
+        ctx = environment.engine.context(
             stepped.data, episode.data, stepped.last_action, episode.last_action, stepped.data.ctrl, episode.command
         )
-        speed_x, command_error = step_measures(task, ctx)
+        speed_x, command_error = step_measures(command, ctx)
         trajectory = transition.trajectory
         return stepped, trajectory.reward, trajectory.terminated, trajectory.truncated, speed_x, command_error
 
     step_all = jax.vmap(step_one, in_axes=(None, 0))
 
-    def run_episodes(shared: SharedState, env_keys: Array) -> tuple[EpisodeStats, Array, Array]:
+    def run_episodes(shared: Any, env_keys: Array) -> tuple[EpisodeStats, Array, Array]:
         num_envs = env_keys.shape[0]
-        episode = jax.vmap(task.start_episode)(env_keys)
+        episode = jax.vmap(environment.start_episode)(env_keys)
         qpos_log = jnp.zeros((max_steps, episode.data.qpos.shape[-1]))
 
         def running_any(carry: tuple[Any, ...]) -> Array:
@@ -129,76 +129,53 @@ def summary_scalars(result: EvalResult) -> dict[str, float]:
     return scalars
 
 
-class EvaluationMixin:
-    """Evaluation of an `RLTask` during training and in `mode=eval` (the task provides what is declared below)."""
+class Evaluator:
+    """Evaluates a policy in an `Environment`: `num_episodes` deterministic episodes from fresh envs drawn from
+    `seed`, on this process's first device (one jitted program, `program`)."""
 
-    if TYPE_CHECKING:
-        config: RLConfig
-        engine: PhysicsEngine
-
-        @property
-        def task_name(self) -> str: ...
-        def program(self, name: str, fallback: Program) -> Program: ...
-        def fetch_replicated(self, tree: Any) -> Any: ...
-        def load_contents(self, path: str) -> dict[str, Any]: ...
+    def __init__(self, environment: Environment, num_episodes: int, seed: int) -> None:
+        self.environment = environment
+        self.num_episodes = num_episodes
+        self.seed = seed
 
     @functools.cached_property
-    def _eval_program(self) -> Program:
-        return make_eval_program(cast("RLTask[Any]", self))
+    def program(self) -> EvalProgram:
+        return make_eval_program(self.environment)
 
-    def eval_inputs(self, shared: SharedState, num_episodes: int | None = None, seed: int | None = None) -> tuple:
-        """(shared state on this process's first device, env keys) for the evaluation program; `shared` is a host
-        copy (unreplicated)."""
-        num_episodes = self.config.eval_episodes if num_episodes is None else num_episodes
-        seed = self.config.seed if seed is None else seed
+    def inputs(self, shared: Any, num_episodes: int | None = None, seed: int | None = None) -> tuple[Any, Array]:
+        """(shared state on this process's first device, env keys) for the program; `shared` is a host copy."""
+        num_episodes = self.num_episodes if num_episodes is None else num_episodes
+        seed = self.seed if seed is None else seed
         keys = jax.random.split(jax.random.PRNGKey(seed), num_episodes)
         return jax.device_put(shared, jax.local_devices()[0]), keys
 
-    def evaluation(self, shared: SharedState, num_episodes: int | None = None, seed: int | None = None) -> EvalResult:
-        """Deterministic episodes from fresh envs, with their locomotion measures."""
-        inputs = self.eval_inputs(shared, num_episodes, seed)
-        precompiled_shape = num_episodes in (None, self.config.eval_episodes)
-        program = self.program("eval", self._eval_program) if precompiled_shape else self._eval_program
-        stats, qpos, _ = jax.device_get(program(*inputs))
+    def run(
+        self,
+        shared: Any,
+        num_episodes: int | None = None,
+        seed: int | None = None,
+        program: EvalProgram | None = None,
+    ) -> EvalResult:
+        """Deterministic episodes from fresh envs, with their locomotion measures (`program`: a compiled one)."""
+        inputs = self.inputs(shared, num_episodes, seed)
+        stats, qpos, _ = jax.device_get((program or self.program)(*inputs))
         steps = np.maximum(stats.lengths, 1)
-        error = stats.command_error_sum / steps if tracks_velocity(cast("RLTask[Any]", self)) else None
+        tracking = tracks_velocity(self.environment.components.command)
         return EvalResult(
             stats.returns,
             stats.lengths,
             stats.speed_x_sum / steps,
             stats.terminated,
-            error,
+            stats.command_error_sum / steps if tracking else None,
             first_episode(qpos, stats.lengths),
         )
 
-    def evaluate(
-        self, shared: SharedState, num_episodes: int | None = None, seed: int | None = None
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Deterministic episodes from fresh envs: returns, lengths, and env 0's qpos per control step."""
-        result = self.evaluation(shared, num_episodes, seed)
-        return result.returns, result.lengths, result.qpos
 
-    def eval_due(self, step: int) -> bool:
-        every = self.config.eval_every_n_steps
-        return every > 0 and (step % every == 0 or step == self.config.num_steps)
-
-    def eval_scalars(self, state: TrainState) -> dict[str, float]:
-        return summary_scalars(self.evaluation(self.fetch_replicated(state.shared)))
-
-    def run_eval(self) -> np.ndarray:
-        contents = self.load_contents(self.config.load_from_ckpt_path)
-        result = self.evaluation(contents["shared"], self.config.eval_episodes, self.config.seed)
-        returns, scalars = result.returns, summary_scalars(result)
-        measures = ", ".join(f"{key.removeprefix('eval/')} {scalars[key]:.3g}" for key in list(scalars)[2:])
-        print(
-            f"{self.task_name}: {len(returns)} episodes, mean return {returns.mean():.4g} "
-            f"(std {returns.std():.3g}, min {returns.min():.4g}, max {returns.max():.4g}), {measures}",
-            flush=True,
-        )
-        if self.config.video_path:
-            from ksim.render import write_video
-
-            size = (self.config.video_width, self.config.video_height)
-            path = write_video(self.engine.mj_model, result.qpos, self.config.ctrl_dt, self.config.video_path, size)
-            print(f"wrote {path}", flush=True)
-        return returns
+def eval_line(task_name: str, result: EvalResult) -> str:
+    """What `mode=eval` prints: the episodes' return statistics and locomotion measures."""
+    returns, scalars = result.returns, summary_scalars(result)
+    measures = ", ".join(f"{key.removeprefix('eval/')} {scalars[key]:.3g}" for key in list(scalars)[2:])
+    return (
+        f"{task_name}: {len(returns)} episodes, mean return {returns.mean():.4g} "
+        f"(std {returns.std():.3g}, min {returns.min():.4g}, max {returns.max():.4g}), {measures}"
+    )

@@ -14,8 +14,8 @@ from flax import struct
 
 from ksim.config import ConfigError, require_non_negative, require_positive
 from ksim.networks import ActorCritic, gaussian_entropy, gaussian_log_prob
-from ksim.task.env import Trajectory
 from ksim.task.rl import Metrics, RLConfig, RLTask, SharedState
+from ksim.task.types import Trajectory
 
 Array = jax.Array
 

@@ -14,7 +14,6 @@ import sys
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
@@ -24,9 +23,6 @@ import jax.numpy as jnp
 import mujoco
 import numpy as np
 import optax
-import xax
-from flax import struct
-from mujoco import mjx
 from omegaconf import OmegaConf
 
 from ksim.actuators import Actuators
@@ -41,16 +37,24 @@ from ksim.config import (
 )
 from ksim.engine import PhysicsEngine, check_components, substeps_divide
 from ksim.events import Event
+from ksim.mjx_contract import PHYSICS_IMPLS
 from ksim.normalization import Normalizer
 from ksim.observations import Observation, check_noise
 from ksim.randomization import Randomization, check_randomizations
-from ksim.reporting import SCALARS_FILE, MetricsLogger, unique_names
+from ksim.reporting import SCALARS_FILE, MetricsLogger
 from ksim.resets import Reset
 from ksim.rewards import Reward
-from ksim.task.checkpointing import CheckpointMixin
-from ksim.task.env import EnvMixin, Episode, Trajectory, Transition
-from ksim.task.evaluation import EvaluationMixin
+from ksim.task.checkpointing import (
+    action_layout,
+    checkpoint_contents,
+    checkpoint_metadata,
+    load_run_checkpoint,
+    save_run_checkpoint,
+)
+from ksim.task.env import Components, Environment, EnvSettings
+from ksim.task.evaluation import EvalResult, Evaluator, eval_line, summary_scalars
 from ksim.task.loop import AheadOfTimeProgram, compile_programs, run_training
+from ksim.task.types import EnvState, Episode, RLConfig, SharedState, TrainState, Trajectory, Transition
 from ksim.terminations import Termination
 
 Array = jax.Array
@@ -58,97 +62,7 @@ Metrics = dict[str, Array]
 Program = Any  # a jitted or pmapped function: callable, and `.lower(...)` compiles it ahead of time
 
 
-@dataclass
-class RLConfig:
-    num_envs: int = xax.field(64, help="Number of parallel environments (global, over all devices).")
-    batch_size: int = xax.field(16, help="Environments per minibatch; num_envs must be divisible by it.")
-    num_passes: int = xax.field(4, help="Passes (epochs) of minibatch SGD over each rollout.")
-    rollout_length_frames: int = xax.field(32, help="Control steps per environment in one rollout.")
-    ctrl_dt: float = xax.field(0.02, help="Control period in seconds (one policy action per ctrl_dt).")
-    dt: float = xax.field(0.005, help="Physics timestep in seconds; must divide ctrl_dt.")
-    episode_length_s: float | None = xax.field(
-        10.0, help="Episodes are truncated after this many seconds (set this or episode_length_steps)."
-    )
-    episode_length_steps: int | None = xax.field(
-        None, help="Episodes are truncated after this many control steps (instead of episode_length_s)."
-    )
-    base_body: str | None = xax.field(None, help="Body whose pose is the base's (default: first body under the world).")
-    root_joints: list[str] | None = xax.field(
-        None,
-        help="Joints that attach the base to the world and are no robot joints (default: free joints and the base "
-        "body's unactuated joints; [] for none).",
-    )
-    num_steps: int = xax.field(100, help="Train steps to run (one rollout + one update each).")
-    seed: int = xax.field(0, help="Random seed for params, environments and minibatches.")
-    normalize_observations: bool = xax.field(True, help="Keep running observation statistics.")
-    log_every_n_steps: int = xax.field(1, help="Print and record metrics every N train steps.")
-    save_every_n_steps: int = xax.field(100, help="Write a checkpoint every N train steps (0: only at the end).")
-    eval_every_n_steps: int = xax.field(0, help="Evaluate the deterministic policy every N train steps (0: never).")
-    run_dir: str = xax.field("", help="Output folder (default: runs/<task>/<timestamp>).")
-    load_from_ckpt_path: str = xax.field("", help="Checkpoint to resume training, evaluate or export.")
-    allow_checkpoint_mismatch: bool = xax.field(
-        False, help="Load a checkpoint written by another task or observation layout (shapes must still match)."
-    )
-    keep_last_n_checkpoints: int = xax.field(5, help="Numbered checkpoints kept (0: all); ckpt_latest always stays.")
-    mode: str = xax.field("train", help="'train', 'eval' or 'export' (eval and export need load_from_ckpt_path).")
-    export_path: str = xax.field("", help="mode=export: write the deterministic policy to this .onnx file.")
-    eval_episodes: int = xax.field(10, help="Episodes per evaluation (mode=eval and eval_every_n_steps).")
-    video_path: str = xax.field("", help="mode=eval: write the first episode to this .mp4 or .gif.")
-    video_width: int = xax.field(640, help="Video frame width in pixels (at most the model's offscreen width).")
-    video_height: int = xax.field(480, help="Video frame height in pixels (at most the model's offscreen height).")
-    compilation_cache_dir: str = xax.field(
-        os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "ksim", "jax"),
-        help="Persistent XLA compilation cache folder (empty: off). A second start of a run skips compiling.",
-    )
-    watchdog_timeout_s: float = xax.field(
-        600.0,
-        help="Abort with a diagnosis if one train step runs longer than this, compile excluded (0: off).",
-    )
-    action_delay_steps: int = xax.field(0, help="The action applied is the one chosen this many control steps ago.")
-    eval_observation_noise: bool = xax.field(False, help="Also add the observations' noise in evaluation.")
-
-
 ConfigT = TypeVar("ConfigT", bound=RLConfig)
-
-
-class EnvState(struct.PyTreeNode):
-    """Every env: its episode, whether that ended at the last control step, and the start of its next one.
-
-    An env whose episode ended starts the next one at its next control step, from `next_start` (computed
-    ahead, a batch at a time). Episode k of env i starts from `fold_in(reset_key[i], k)`, so env i's starts
-    depend only on its own key, never on when the pool is refilled or on which device (or with which
-    other envs) it runs. A fresh state has no episode yet (`ended` everywhere): the first control step
-    starts every env's first episode, so the starts compile once, inside the rollout.
-    """
-
-    current: Episode  # the running episode, or the one that ended at the last step (`ended`)
-    ended: Array
-    next_start: Episode
-    next_start_ready: Array
-    episodes_started: Array
-    reset_key: Array
-
-    @property
-    def obs(self) -> Array:
-        return self.current.obs
-
-    @property
-    def data(self) -> mjx.Data:
-        return self.current.data
-
-
-class SharedState(struct.PyTreeNode):
-    """What every env shares: the learner's parameters, optimizer state and observation statistics."""
-
-    params: Any
-    opt_state: Any
-    normalizer: Normalizer
-
-
-class TrainState(struct.PyTreeNode):
-    shared: SharedState
-    env: EnvState
-    rng: Array
 
 
 def select_envs(mask: Array, if_true: Any, if_false: Any) -> Any:
@@ -160,7 +74,7 @@ def select_envs(mask: Array, if_true: Any, if_false: Any) -> Any:
     return jax.tree.map(pick, if_true, if_false)
 
 
-class RLTask(EnvMixin, CheckpointMixin, EvaluationMixin, ABC, Generic[ConfigT]):
+class RLTask(ABC, Generic[ConfigT]):
     """An RL task on MJX: subclass it with a robot model and components, and an algorithm (PPOTask)."""
 
     config: ConfigT
@@ -186,7 +100,22 @@ class RLTask(EnvMixin, CheckpointMixin, EvaluationMixin, ABC, Generic[ConfigT]):
         check_noise(self.observations)
         self.actuators = self.get_actuators()
         check_randomizations(self.randomizations, self.actuators)
-        self.reward_names = unique_names([reward.name for reward in self.rewards])
+        components = Components(
+            self.observations,
+            self.rewards,
+            self.terminations,
+            self.resets,
+            self.randomizations,
+            self.command,
+            self.events,
+            self.actuators,
+        )
+        settings = EnvSettings(
+            config.ctrl_dt, self.max_episode_steps, config.action_delay_steps, config.eval_observation_noise
+        )
+        self.environment = Environment(self.engine, components, settings, self.sample_action)
+        self.evaluator = Evaluator(self.environment, config.eval_episodes, config.seed)
+        self.reward_names = components.reward_names
         self.model = self.get_model()
         self.optimizer = self.get_optimizer()
         self._compiled: dict[str, Program] = {}
@@ -203,8 +132,9 @@ class RLTask(EnvMixin, CheckpointMixin, EvaluationMixin, ABC, Generic[ConfigT]):
     def get_engine(self) -> PhysicsEngine:
         """The physics engine; override to step the model differently."""
         config = self.config
+        model, envs = self.get_mujoco_model(), max(config.num_envs, config.eval_episodes)  # most envs of one call
         return PhysicsEngine.create(
-            self.get_mujoco_model(), config.ctrl_dt, config.dt, config.base_body, config.root_joints
+            model, config.ctrl_dt, config.dt, config.base_body, config.root_joints, config.physics_impl, envs
         )
 
     @abstractmethod
@@ -268,6 +198,7 @@ class RLTask(EnvMixin, CheckpointMixin, EvaluationMixin, ABC, Generic[ConfigT]):
         if not substeps_divide(config.ctrl_dt, config.dt):
             raise ConfigError(f"dt={config.dt} must divide ctrl_dt={config.ctrl_dt} into a whole number of steps")
         require_choice(config, "mode", ("train", "eval", "export"))
+        require_choice(config, "physics_impl", PHYSICS_IMPLS)
         if config.mode in ("eval", "export") and not config.load_from_ckpt_path:
             raise ConfigError(f"mode={config.mode!r} needs load_from_ckpt_path=<checkpoint file>")
         if config.mode == "export" and not config.export_path:
@@ -298,6 +229,30 @@ class RLTask(EnvMixin, CheckpointMixin, EvaluationMixin, ABC, Generic[ConfigT]):
     @property
     def task_name(self) -> str:
         return type(self).__name__
+
+    # ----- one env (ksim.task.env.Environment) ----------------------------------------------------------------
+
+    def start_episode(self, rng: Array) -> Episode:
+        return self.environment.start_episode(rng)
+
+    def step_env(
+        self, shared: SharedState, episode: Episode, deterministic: bool = False
+    ) -> tuple[Episode, Transition]:
+        return self.environment.step_env(shared, episode, deterministic)
+
+    def noisy_observations(self, deterministic: bool) -> bool:
+        return self.environment.noisy_observations(deterministic)
+
+    @property
+    def episode_shape(self) -> Episode:
+        return self.environment.episode_shape
+
+    @property
+    def observation_sizes(self) -> list[int]:
+        return self.environment.observation_sizes
+
+    def observation_layout(self) -> list[tuple[str, int]]:
+        return self.environment.observation_layout()
 
     # ----- cross-device hooks (identity on one device; DistributedRLTask reduces over its pmap axis) --------
 
@@ -512,6 +467,99 @@ class RLTask(EnvMixin, CheckpointMixin, EvaluationMixin, ABC, Generic[ConfigT]):
         rng = update_key if rng is None else rng
         env = self._reset_program(self.place_env_keys(env_key))
         return TrainState(shared=self.place_replicated(shared), env=env, rng=self.place_replicated(rng))
+
+    # ----- checkpoints (ksim.task.checkpointing) ------------------------------------------------------------------
+
+    def action_layout(self) -> dict[str, Any]:
+        return action_layout(self.engine.mj_model, self.actuators)
+
+    def checkpoint_metadata(self) -> dict[str, Any]:
+        """What a checkpoint says about its writer; loading compares the task and the layouts."""
+        return checkpoint_metadata(
+            self.task_name, type(self), self.config, self.observation_layout(), self.action_layout()
+        )
+
+    @functools.cached_property
+    def _checkpoint_metadata(self) -> dict[str, Any]:
+        return self.checkpoint_metadata()
+
+    def checkpoint_contents(self, state: TrainState, step: int, env_steps: int) -> dict[str, Any]:
+        """What a checkpoint holds: shared state, update RNG and counters (envs restart on resume)."""
+        return checkpoint_contents(
+            self.fetch_replicated(state.shared), self.fetch_replicated(state.rng), step, env_steps
+        )
+
+    def save(self, run_dir: Path, state: TrainState, step: int, env_steps: int) -> Path:
+        """Writes ckpt_<step>.bin and ckpt_latest.bin, then keeps the last keep_last_n_checkpoints numbered."""
+        contents = self.checkpoint_contents(state, step, env_steps)
+        keep = self.config.keep_last_n_checkpoints
+        return save_run_checkpoint(run_dir, contents, self._checkpoint_metadata, step, keep)
+
+    def load_contents(self, path: str | Path) -> dict[str, Any]:
+        """A checkpoint's contents; ConfigError if another task or observation layout wrote it (see
+        allow_checkpoint_mismatch) or if its shapes differ from the model's."""
+        template = self.init_shared(jax.random.PRNGKey(0))
+        return load_run_checkpoint(path, template, self._checkpoint_metadata, self.config.allow_checkpoint_mismatch)
+
+    def run_export(self) -> Path:
+        """Writes the checkpoint's deterministic policy to export_path (ONNX) and a JSON beside it."""
+        from ksim.export import export_policy
+
+        checkpoint = self.config.load_from_ckpt_path
+        shared = jax.device_get(self.load_contents(checkpoint)["shared"])
+        key = jax.random.PRNGKey(0)  # unused by the deterministic policy
+
+        def policy(obs: Array) -> Array:
+            return self.sample_action(shared, obs, key, deterministic=True)
+
+        doc = (type(self.actuators).__doc__ or "").strip().splitlines()
+        metadata = self.checkpoint_metadata()
+        onnx_path, json_path = export_policy(
+            policy, metadata, doc[0] if doc else "", self.config.export_path, checkpoint
+        )
+        print(f"wrote {onnx_path} and {json_path}", flush=True)
+        return onnx_path
+
+    # ----- evaluation (ksim.task.evaluation.Evaluator) -----------------------------------------------------------
+
+    @property
+    def _eval_program(self) -> Program:
+        return self.evaluator.program
+
+    def eval_inputs(self, shared: SharedState, num_episodes: int | None = None, seed: int | None = None) -> tuple:
+        return self.evaluator.inputs(shared, num_episodes, seed)
+
+    def evaluation(self, shared: SharedState, num_episodes: int | None = None, seed: int | None = None) -> EvalResult:
+        """Deterministic episodes from fresh envs (the precompiled program where the shapes are the run's)."""
+        precompiled_shape = num_episodes in (None, self.config.eval_episodes)
+        program = self.program("eval", self.evaluator.program) if precompiled_shape else None
+        return self.evaluator.run(shared, num_episodes, seed, program)
+
+    def evaluate(
+        self, shared: SharedState, num_episodes: int | None = None, seed: int | None = None
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Deterministic episodes from fresh envs: returns, lengths, and env 0's qpos per control step."""
+        result = self.evaluation(shared, num_episodes, seed)
+        return result.returns, result.lengths, result.qpos
+
+    def eval_due(self, step: int) -> bool:
+        every = self.config.eval_every_n_steps
+        return every > 0 and (step % every == 0 or step == self.config.num_steps)
+
+    def eval_scalars(self, state: TrainState) -> dict[str, float]:
+        return summary_scalars(self.evaluation(self.fetch_replicated(state.shared)))
+
+    def run_eval(self) -> np.ndarray:
+        contents = self.load_contents(self.config.load_from_ckpt_path)
+        result = self.evaluation(contents["shared"], self.config.eval_episodes, self.config.seed)
+        print(eval_line(self.task_name, result), flush=True)
+        if self.config.video_path:
+            from ksim.render import write_video
+
+            size = (self.config.video_width, self.config.video_height)
+            path = write_video(self.engine.mj_model, result.qpos, self.config.ctrl_dt, self.config.video_path, size)
+            print(f"wrote {path}", flush=True)
+        return result.returns
 
     # ----- the training loop -----------------------------------------------------------------------------------
 

@@ -1,0 +1,152 @@
+"""The task's types: its config and the state pytrees that its programs are pure functions of.
+
+An `Episode` is one env's running episode; `EnvState` is every env of a shard (leading env axis) with
+the starts of their next episodes; `SharedState` is what the envs share (the learner's parameters,
+optimizer state and observation statistics); `TrainState` is both, with the update's random key.
+A rollout is a `Trajectory` (time-major) built from one `Transition` per control step.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import xax
+from flax import struct
+from mujoco import mjx
+
+from ksim.normalization import Normalizer
+from ksim.randomization import Randomized
+
+Array = jax.Array
+
+
+@dataclass
+class RLConfig:
+    num_envs: int = xax.field(64, help="Number of parallel environments (global, over all devices).")
+    batch_size: int = xax.field(16, help="Environments per minibatch; num_envs must be divisible by it.")
+    num_passes: int = xax.field(4, help="Passes (epochs) of minibatch SGD over each rollout.")
+    rollout_length_frames: int = xax.field(32, help="Control steps per environment in one rollout.")
+    ctrl_dt: float = xax.field(0.02, help="Control period in seconds (one policy action per ctrl_dt).")
+    dt: float = xax.field(0.005, help="Physics timestep in seconds; must divide ctrl_dt.")
+    episode_length_s: float | None = xax.field(
+        10.0, help="Episodes are truncated after this many seconds (set this or episode_length_steps)."
+    )
+    episode_length_steps: int | None = xax.field(
+        None, help="Episodes are truncated after this many control steps (instead of episode_length_s)."
+    )
+    base_body: str | None = xax.field(None, help="Body whose pose is the base's (default: first body under the world).")
+    root_joints: list[str] | None = xax.field(
+        None,
+        help="Joints that attach the base to the world and are no robot joints (default: free joints and the base "
+        "body's unactuated joints; [] for none).",
+    )
+    physics_impl: str = xax.field(
+        "jax",
+        help="MJX implementation: 'jax', or 'warp' (MJX's Warp implementation, on a CUDA GPU or the CPU; needs the "
+        "warp extra: pip install 'ksim[warp]').",
+    )
+    num_steps: int = xax.field(100, help="Train steps to run (one rollout + one update each).")
+    seed: int = xax.field(0, help="Random seed for params, environments and minibatches.")
+    normalize_observations: bool = xax.field(True, help="Keep running observation statistics.")
+    log_every_n_steps: int = xax.field(1, help="Print and record metrics every N train steps.")
+    save_every_n_steps: int = xax.field(100, help="Write a checkpoint every N train steps (0: only at the end).")
+    eval_every_n_steps: int = xax.field(0, help="Evaluate the deterministic policy every N train steps (0: never).")
+    run_dir: str = xax.field("", help="Output folder (default: runs/<task>/<timestamp>).")
+    load_from_ckpt_path: str = xax.field("", help="Checkpoint to resume training, evaluate or export.")
+    allow_checkpoint_mismatch: bool = xax.field(
+        False, help="Load a checkpoint written by another task or observation layout (shapes must still match)."
+    )
+    keep_last_n_checkpoints: int = xax.field(5, help="Numbered checkpoints kept (0: all); ckpt_latest always stays.")
+    mode: str = xax.field("train", help="'train', 'eval' or 'export' (eval and export need load_from_ckpt_path).")
+    export_path: str = xax.field("", help="mode=export: write the deterministic policy to this .onnx file.")
+    eval_episodes: int = xax.field(10, help="Episodes per evaluation (mode=eval and eval_every_n_steps).")
+    video_path: str = xax.field("", help="mode=eval: write the first episode to this .mp4 or .gif.")
+    video_width: int = xax.field(640, help="Video frame width in pixels (at most the model's offscreen width).")
+    video_height: int = xax.field(480, help="Video frame height in pixels (at most the model's offscreen height).")
+    compilation_cache_dir: str = xax.field(
+        os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "ksim", "jax"),
+        help="Persistent XLA compilation cache folder (empty: off). A second start of a run skips compiling.",
+    )
+    watchdog_timeout_s: float = xax.field(
+        600.0,
+        help="Abort with a diagnosis if one train step runs longer than this, compile excluded (0: off).",
+    )
+    action_delay_steps: int = xax.field(0, help="The action applied is the one chosen this many control steps ago.")
+    eval_observation_noise: bool = xax.field(False, help="Also add the observations' noise in evaluation.")
+
+
+class Episode(struct.PyTreeNode):
+    """One env's running episode (or a batch with a leading env axis)."""
+
+    data: mjx.Data
+    obs: Array  # without observation noise (the policy's input gets it in step_env)
+    last_action: Array
+    episode_return: Array
+    episode_length: Array
+    rng: Array
+    randomized: Randomized  # this episode's model fields and PD-gain scales (empty dicts: none)
+    command: Array  # (command size,)
+    command_timer: Array  # control steps until the command is redrawn
+    event_timers: Array  # (num events,) control steps until each event
+    action_queue: Array  # (action_delay_steps, action_dim) chosen actions not yet applied, oldest first
+
+
+class Trajectory(struct.PyTreeNode):
+    """A rollout, time-major: leaves are (rollout_length, num_envs, ...)."""
+
+    obs: Array
+    next_obs: Array  # before any automatic reset, for bootstrapping
+    action: Array
+    reward: Array
+    terminated: Array
+    truncated: Array
+
+
+class Transition(struct.PyTreeNode):
+    trajectory: Trajectory
+    episode_return: Array  # running return, final at `done`
+    episode_length: Array
+    reward_terms: dict[str, Array]
+
+
+class EnvState(struct.PyTreeNode):
+    """Every env: its episode, whether that ended at the last control step, and the start of its next one.
+
+    An env whose episode ended starts the next one at its next control step, from `next_start` (computed
+    ahead, a batch at a time). Episode k of env i starts from `fold_in(reset_key[i], k)`, so env i's starts
+    depend only on its own key, never on when the pool is refilled or on which device (or with which
+    other envs) it runs. A fresh state has no episode yet (`ended` everywhere): the first control step
+    starts every env's first episode, so the starts compile once, inside the rollout.
+    """
+
+    current: Episode  # the running episode, or the one that ended at the last step (`ended`)
+    ended: Array
+    next_start: Episode
+    next_start_ready: Array
+    episodes_started: Array
+    reset_key: Array
+
+    @property
+    def obs(self) -> Array:
+        return self.current.obs
+
+    @property
+    def data(self) -> mjx.Data:
+        return self.current.data
+
+
+class SharedState(struct.PyTreeNode):
+    """What every env shares: the learner's parameters, optimizer state and observation statistics."""
+
+    params: Any
+    opt_state: Any
+    normalizer: Normalizer
+
+
+class TrainState(struct.PyTreeNode):
+    shared: SharedState
+    env: EnvState
+    rng: Array
