@@ -7,14 +7,28 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import jax
 import numpy as np
+import pytest
 from helpers import DistributedCartpoleTask, distributed_cartpole_config
 from test_multiprocess import ROOT, free_port
 
 from ksim.task.processes import LOST_PROCESS_EXIT_CODE
+
+STARTED: list[subprocess.Popen[str]] = []
+
+
+@pytest.fixture(autouse=True)
+def _no_process_outlives_its_test() -> Iterator[None]:
+    yield
+    for process in STARTED:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+    STARTED.clear()
 
 
 def start(run_dir: Path, *overrides: str) -> list[subprocess.Popen[str]]:
@@ -23,7 +37,7 @@ def start(run_dir: Path, *overrides: str) -> list[subprocess.Popen[str]]:
     env = {key: value for key, value in os.environ.items() if key not in ("XLA_FLAGS", "PJRT_NPROC")}
     env |= {"PYTHONPATH": f"{ROOT}:{ROOT / 'tests'}", "PYTHONUNBUFFERED": "1"}
     worker = str(ROOT / "tests" / "multiprocess_worker.py")
-    return [
+    processes = [
         subprocess.Popen(
             [sys.executable, worker, address, str(process_id), str(run_dir), *overrides],
             cwd=ROOT,
@@ -34,6 +48,8 @@ def start(run_dir: Path, *overrides: str) -> list[subprocess.Popen[str]]:
         )
         for process_id in (0, 1)
     ]
+    STARTED.extend(processes)
+    return processes
 
 
 def finish(processes: list[subprocess.Popen[str]]) -> list[str]:
