@@ -205,18 +205,23 @@ def run_training(task: RLTask[Any]) -> TrainState:
     if run_dir:
         print(f"{task.task_name}: writing to {run_dir}", flush=True)
     processes: ProcessHooks = getattr(task, "process_hooks", None) or ProcessHooks()
-    checkpoints = LastCheckpoint(processes.shared_run_dir(run_dir), step, config.load_from_ckpt_path)
+    checkpoints = LastCheckpoint(step, config.load_from_ckpt_path)
+    checkpoints.run_dir = processes.start(run_dir, lambda: checkpoints.last)
 
     start_time = time.perf_counter()
-    state = task.init_train_state(shared, rng)
-    task.precompile(state, verbose=run_dir is not None)
+    try:
+        state = task.init_train_state(shared, rng)
+        task.precompile(state, verbose=run_dir is not None)
+    except BaseException:
+        processes.leave()
+        raise
     if run_dir:
         print(f"startup and compilation: {time.perf_counter() - start_time:.1f} s", flush=True)
     start_step, window = step, []  # window: metrics of the steps since the last log line, still on device
     watchdog = Watchdog(config.watchdog_timeout_s, task.hang_diagnosis)
     with GracefulStop(hold_sigterm=jax.process_count() > 1) as stop, watchdog:
         try:
-            processes.wait_for_others(lambda: checkpoints.last)
+            processes.wait_for_others()
             loop_start = last_log_time = time.perf_counter()
             last_log_env_steps, eval_seconds = env_steps, 0.0  # evaluation time is kept out of the throughput
             while step < config.num_steps and not processes.agree_to_stop(stop.requested):
@@ -250,6 +255,7 @@ def run_training(task: RLTask[Any]) -> TrainState:
                     print(f"process {jax.process_index()}: stopped after step {step}", flush=True)
                 if run_dir:
                     print(f"saved checkpoint {task.save(run_dir, state, step, env_steps)}", flush=True)
+            processes.finished()
         except jax.errors.JaxRuntimeError as error:
             processes.on_runtime_error(error)
             raise
@@ -267,15 +273,19 @@ class ProcessHooks:
     `DistributedRLTask.process_hooks` answers for several processes (ksim.task.processes).
     """
 
-    def shared_run_dir(self, run_dir: Path | None) -> Path | None:
-        """Process 0's run folder, on every process."""
+    def start(self, run_dir: Path | None, checkpoint: Callable[[], tuple[int, str]]) -> Path | None:
+        """Process 0's run folder, on every process; from here on a lost process stops the others, naming
+        `checkpoint()`, the newest checkpoint."""
         return run_dir
 
-    def wait_for_others(self, checkpoint: Callable[[], tuple[int, str]]) -> None:
-        """Returns once every process is ready to launch the first train step; `checkpoint` names the last one."""
+    def wait_for_others(self) -> None:
+        """Returns once every process is ready to launch the first train step."""
+
+    def finished(self) -> None:
+        """This process ended its train steps (all of them, or stopped by a signal), not by an error."""
 
     def leave(self) -> None:
-        """This process has finished its train steps (normally or stopped)."""
+        """This process stops watching the others (after `finished`, or on an error)."""
 
     def agree_to_stop(self, requested: bool) -> bool:
         """Whether to stop before the next step (SIGINT/SIGTERM), the same answer on every process."""
@@ -288,12 +298,12 @@ class ProcessHooks:
 class LastCheckpoint:
     """The newest checkpoint of this run, known on every process: (step, path; "" before the first one).
 
-    Only process 0 writes; the others know the folder (`shared_run_dir`) and that every process saves at the
-    same steps, so they can name it too.
+    Only process 0 writes; the others know its folder (`ProcessHooks.start`) and that every process saves
+    at the same steps, so they can name it too.
     """
 
-    def __init__(self, run_dir: Path | None, step: int, path: str) -> None:
-        self.run_dir = run_dir
+    def __init__(self, step: int, path: str) -> None:
+        self.run_dir: Path | None = None
         self.last = (step, path)
 
     def saved(self, step: int, path: Path | None) -> None:

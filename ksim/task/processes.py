@@ -153,15 +153,17 @@ class PeerMonitor:
     """Declares a process lost when its beat stops, and stops this one with one line, before JAX would abort.
 
     A background thread bumps this process's counter in the coordination service's key-value store every
-    `BEAT_S` and reads everyone's. A process whose counter stays put for `timeout_s` (and that has not said
-    it is done) is lost; when the store itself stops answering, process 0, which holds it, is the one lost.
+    `BEAT_S` and reads everyone's. A process whose counter stays put for `timeout_s` (`first_beat_s` before
+    its first beat; unless it said it is done) is lost; when the store itself stops answering, process 0,
+    which holds it, is the one lost.
     A collective with a dead peer may fail at once or hang, so the monitor and not the collective decides.
     """
 
     BEAT_S = 1.0
 
-    def __init__(self, timeout_s: float, checkpoint: Callable[[], tuple[int, str]]) -> None:
+    def __init__(self, timeout_s: float, checkpoint: Callable[[], tuple[int, str]], first_beat_s: float) -> None:
         self.timeout_s = timeout_s
+        self.first_beat_s = first_beat_s  # a process starts beating once it has loaded its task and checkpoint
         self.checkpoint = checkpoint
         self._seen: dict[int, tuple[str, float]] = {}  # process -> (its last counter, when it last changed)
         self._answered = time.monotonic()  # the last time the store answered
@@ -180,11 +182,14 @@ class PeerMonitor:
         for thread in self._threads:
             thread.start()
 
-    def stop(self) -> None:
-        """This process has left the training loop: the others stop watching it, and it stops watching."""
-        self._done.set()
+    def finished(self) -> None:
+        """This process ended its train steps without an error: the others stop watching it."""
         with contextlib.suppress(Exception):
             client().key_value_set(f"{KEY_PREFIX}/done/{jax.process_index()}", "1", allow_overwrite=True)
+
+    def stop(self) -> None:
+        """This process stops watching (and beating: after an error, the others then report it lost)."""
+        self._done.set()
         self._threads[1].join()  # the beat thread may sit in a store call that never returns; it is a daemon
 
     def _beat(self) -> None:
@@ -206,7 +211,11 @@ class PeerMonitor:
         now = time.monotonic()
         if now - self._answered > self.timeout_s:
             return [0]
-        return [index for index, (_, since) in list(self._seen.items()) if now - since > self.timeout_s]
+        return [
+            index
+            for index, (count, since) in list(self._seen.items())
+            if now - since > (self.timeout_s if count else self.first_beat_s)
+        ]
 
     def _beat_until_done(self) -> None:
         while not self._done.wait(self.BEAT_S):
@@ -229,16 +238,22 @@ class ManyProcesses(ProcessHooks):
         self.timeouts = timeouts
         self.monitor: PeerMonitor | None = None
 
-    def shared_run_dir(self, run_dir: Path | None) -> Path | None:
+    def start(self, run_dir: Path | None, checkpoint: Callable[[], tuple[int, str]]) -> Path | None:
+        # Watched from before loading and compiling: a process lost there would otherwise leave the others
+        # at the startup barrier until JAX aborts them.
+        self.monitor = PeerMonitor(self.timeouts.peer, checkpoint, first_beat_s=self.timeouts.startup)
+        self.monitor.start()
         shared = share_from_first("run_dir", str(run_dir or ""), self.timeouts.startup)
         return Path(shared) if shared else None
 
-    def wait_for_others(self, checkpoint: Callable[[], tuple[int, str]]) -> None:
+    def wait_for_others(self) -> None:
         # Process 0 may load every program from the persistent cache (JAX writes it from process 0 only)
         # while the others compile; the first collective would otherwise time out waiting for them.
         wait_for_all("ready", self.timeouts.startup)
-        self.monitor = PeerMonitor(self.timeouts.peer, checkpoint)
-        self.monitor.start()
+
+    def finished(self) -> None:
+        if self.monitor is not None:
+            self.monitor.finished()
 
     def leave(self) -> None:
         if self.monitor is not None:
