@@ -17,12 +17,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import jax
 
-if TYPE_CHECKING:
-    from ksim.task.rl import RLTask, TrainState
+from ksim.reporting import MetricsLogger
+from ksim.task.types import RLConfig, SharedState, TrainState
 
 # A program to compile ahead of time: (what the log calls it, a function that traces and lowers it).
 AheadOfTimeProgram = tuple[str, Callable[[], Any]]
@@ -192,7 +192,39 @@ def compile_programs(programs: dict[str, AheadOfTimeProgram], verbose: bool) -> 
     return executables
 
 
-def run_training(task: RLTask[Any]) -> TrainState:
+class TrainingTask(Protocol):
+    """What the training loop asks of a task (`RLTask` is one)."""
+
+    @property
+    def config(self) -> RLConfig: ...
+    @property
+    def task_name(self) -> str: ...
+    @property
+    def is_logging_process(self) -> bool: ...
+    @property
+    def env_steps_per_train_step(self) -> int: ...
+    @property
+    def process_hooks(self) -> ProcessHooks | None:
+        """How to coordinate with the other processes (None: this is the only one)."""
+
+    def load_contents(self, path: str | Path) -> dict[str, Any]: ...
+    def make_run_dir(self) -> Path: ...
+    def make_logger(self, run_dir: Path | None) -> MetricsLogger: ...
+    def init_train_state(self, shared: SharedState | None = None, rng: jax.Array | None = None) -> TrainState: ...
+    def precompile(self, state: TrainState, verbose: bool = True) -> None: ...
+    def train_step(self, state: TrainState) -> tuple[TrainState, dict[str, jax.Array]]: ...
+    def after_train_step(self, state: TrainState, step: int) -> TrainState: ...
+    def fetch_replicated(self, tree: Any) -> Any: ...
+    def scalars(self, window: list[dict[str, Any]]) -> dict[str, float]: ...
+    def log_fields(self, env_steps_per_s: float) -> dict[str, float]: ...
+    def eval_due(self, step: int) -> bool: ...
+    def eval_scalars(self, state: TrainState) -> dict[str, float]: ...
+    def save(self, run_dir: Path, state: TrainState, step: int, env_steps: int) -> Path: ...
+    def hang_diagnosis(self) -> str: ...
+    def after_training(self, run_dir: Path) -> None: ...
+
+
+def run_training(task: TrainingTask) -> TrainState:
     """Trains for `num_steps` train steps; checkpoints periodically, at the end and on Ctrl-C/SIGTERM."""
     config = task.config
     step, env_steps, shared, rng = 0, 0, None, None
@@ -204,7 +236,7 @@ def run_training(task: RLTask[Any]) -> TrainState:
     logger = task.make_logger(run_dir)
     if run_dir:
         print(f"{task.task_name}: writing to {run_dir}", flush=True)
-    processes: ProcessHooks = getattr(task, "process_hooks", None) or ProcessHooks()
+    processes = task.process_hooks or ProcessHooks()
     checkpoints = LastCheckpoint(step, config.load_from_ckpt_path)
     checkpoints.run_dir = processes.start(run_dir, lambda: checkpoints.last)
 

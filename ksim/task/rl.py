@@ -53,7 +53,7 @@ from ksim.task.checkpointing import (
 )
 from ksim.task.env import Components, Environment, EnvSettings
 from ksim.task.evaluation import EvalResult, Evaluator, eval_line, summary_scalars
-from ksim.task.loop import AheadOfTimeProgram, compile_programs, run_training
+from ksim.task.loop import AheadOfTimeProgram, ProcessHooks, compile_programs, run_training
 from ksim.task.types import EnvState, Episode, RLConfig, SharedState, TrainState, Trajectory, Transition
 from ksim.terminations import Termination
 
@@ -288,6 +288,11 @@ class RLTask(ABC, Generic[ConfigT]):
 
     def log_fields(self, env_steps_per_s: float) -> dict[str, float]:
         return {"env_steps_per_s": env_steps_per_s}
+
+    @property
+    def process_hooks(self) -> ProcessHooks | None:
+        """How the training loop coordinates with other processes (None: this is the only one)."""
+        return None
 
     @property
     def is_logging_process(self) -> bool:
