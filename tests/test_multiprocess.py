@@ -19,22 +19,27 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def test_two_processes_match_one_process_with_as_many_devices(tmp_path: Path) -> None:
+def start_workers(run_dir: Path, *overrides: str, env: dict[str, str] | None = None) -> list[subprocess.Popen[str]]:
+    """Processes 0 and 1 of one run of tests/multiprocess_worker.py (overrides as key=value)."""
     address = f"127.0.0.1:{free_port()}"
-    env = {key: value for key, value in os.environ.items() if key not in ("XLA_FLAGS", "PJRT_NPROC")}
-    env |= {"JAX_COMPILATION_CACHE_DIR": str(ROOT / ".jax_cache"), "PYTHONPATH": f"{ROOT}:{ROOT / 'tests'}"}
+    worker_env = {key: value for key, value in os.environ.items() if key not in ("XLA_FLAGS", "PJRT_NPROC")}
+    worker_env |= {"PYTHONPATH": f"{ROOT}:{ROOT / 'tests'}", **(env or {})}
     worker = str(ROOT / "tests" / "multiprocess_worker.py")
-    processes = [
+    return [
         subprocess.Popen(
-            [sys.executable, worker, address, str(process_id), str(tmp_path / "multi")],
+            [sys.executable, worker, address, str(process_id), str(run_dir), *overrides],
             cwd=ROOT,
-            env=env,
+            env=worker_env,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
         )
         for process_id in (0, 1)
     ]
+
+
+def test_two_processes_match_one_process_with_as_many_devices(tmp_path: Path) -> None:
+    processes = start_workers(tmp_path / "multi", env={"JAX_COMPILATION_CACHE_DIR": str(ROOT / ".jax_cache")})
     outputs = [process.communicate(timeout=600)[0] for process in processes]
     for process_id, (process, output) in enumerate(zip(processes, outputs, strict=True)):
         assert process.returncode == 0, output

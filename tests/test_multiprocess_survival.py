@@ -1,10 +1,8 @@
 """Two processes x 2 CPU devices: resuming (as 2 processes, or as 1 with 4 devices), SIGTERM, a lost process."""
 
-import os
 import re
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -14,7 +12,7 @@ import jax
 import numpy as np
 import pytest
 from helpers import DistributedCartpoleTask, distributed_cartpole_config
-from test_multiprocess import ROOT, free_port
+from test_multiprocess import start_workers
 
 from ksim.task.processes import LOST_PROCESS_EXIT_CODE
 
@@ -33,21 +31,7 @@ def _no_process_outlives_its_test() -> Iterator[None]:
 
 def start(run_dir: Path, *overrides: str) -> list[subprocess.Popen[str]]:
     """Both processes of one run (overrides as key=value)."""
-    address = f"127.0.0.1:{free_port()}"
-    env = {key: value for key, value in os.environ.items() if key not in ("XLA_FLAGS", "PJRT_NPROC")}
-    env |= {"PYTHONPATH": f"{ROOT}:{ROOT / 'tests'}", "PYTHONUNBUFFERED": "1"}
-    worker = str(ROOT / "tests" / "multiprocess_worker.py")
-    processes = [
-        subprocess.Popen(
-            [sys.executable, worker, address, str(process_id), str(run_dir), *overrides],
-            cwd=ROOT,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for process_id in (0, 1)
-    ]
+    processes = start_workers(run_dir, *overrides, env={"PYTHONUNBUFFERED": "1"})
     STARTED.extend(processes)
     return processes
 
