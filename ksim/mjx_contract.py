@@ -9,7 +9,7 @@ to joint forces itself (ksim.engine). Beyond that public API it needs:
   implementation's part of the data);
 - which model features MJX's JAX implementation cannot run (`refusals`), which its private collision
   table and its public enums tell;
-- for the Warp implementation, which fields of the data all envs of one vmapped call share (`warp_pool`):
+- for the Warp implementation, which fields of the data all envs of one vmapped call share (`warp_shared`):
   the contacts of every env are one pool there, sized for all of them.
 
 With `physics_impl="warp"` ksim uses none of that: it steps through MJX's public `mjx.step` and

@@ -81,13 +81,18 @@ def checkpoint_contents(shared: SharedState, rng: Array, step: int, env_steps: i
     return {"shared": shared, "rng": rng, "step": np.asarray(step), "env_steps": np.asarray(env_steps)}
 
 
+def numbered_checkpoint(run_dir: Path, step: int) -> Path:
+    """Where a run keeps its checkpoint of train step `step`."""
+    return run_dir / "checkpoints" / f"ckpt_{step:08d}.bin"
+
+
 def save_run_checkpoint(
     run_dir: Path, contents: dict[str, Any], metadata: dict[str, Any], step: int, keep_last: int
 ) -> Path:
     """Writes ckpt_<step>.bin and ckpt_latest.bin under run_dir/checkpoints, then keeps the last `keep_last`
     numbered ones (0: all)."""
-    directory = run_dir / "checkpoints"
-    path = save_checkpoint(directory / f"ckpt_{step:08d}.bin", contents, metadata)
+    path = save_checkpoint(numbered_checkpoint(run_dir, step), contents, metadata)
+    directory = path.parent
     save_checkpoint(directory / "ckpt_latest.bin", contents, metadata)
     prune_checkpoints(directory, keep_last)
     return path

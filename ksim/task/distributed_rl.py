@@ -68,6 +68,10 @@ class DistributedRLConfig(RLConfig):
 TIMEOUT_SETTINGS = ("heartbeat_timeout_s", "initialization_timeout_s", "shutdown_timeout_s", "startup_timeout_s")
 
 
+def check_timeout_settings(config: DistributedRLConfig) -> None:
+    check_timeouts({name: getattr(config, name) for name in TIMEOUT_SETTINGS})
+
+
 def timeouts(config: DistributedRLConfig) -> Timeouts:
     return Timeouts(
         initialization=config.initialization_timeout_s,
@@ -103,7 +107,7 @@ class DistributedRLTask(RLTask[DistributedConfigT]):
         if config.num_processes < 1 or not 0 <= config.process_id < config.num_processes:
             rule = f"must be in 0 .. num_processes - 1 (num_processes={config.num_processes})"
             raise ConfigError(f"process_id={config.process_id} {rule}")
-        check_timeouts({name: getattr(config, name) for name in TIMEOUT_SETTINGS})
+        check_timeout_settings(config)
         processes.join(config.coordinator_address, config.num_processes, config.process_id, timeouts(config))
 
     @property
@@ -148,7 +152,7 @@ class DistributedRLTask(RLTask[DistributedConfigT]):
             raise ConfigError("pmap_axis_name must be a non-empty name")
         require_non_negative(config, "consistency_check_every_n_steps", "consistency_tolerance")
         require_choice(config, "on_divergence", ("raise", "resync"))
-        check_timeouts({name: getattr(config, name) for name in TIMEOUT_SETTINGS})
+        check_timeout_settings(config)
 
     @property
     def hang_hazard(self) -> bool:

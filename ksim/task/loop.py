@@ -22,6 +22,7 @@ from typing import Any, Protocol
 import jax
 
 from ksim.reporting import MetricsLogger
+from ksim.task.checkpointing import numbered_checkpoint
 from ksim.task.types import RLConfig, SharedState, TrainState
 
 # A program to compile ahead of time: (what the log calls it, a function that traces and lowers it).
@@ -340,5 +341,5 @@ class LastCheckpoint:
 
     def saved(self, step: int, path: Path | None) -> None:
         if path is None and self.run_dir is not None:
-            path = self.run_dir / "checkpoints" / f"ckpt_{step:08d}.bin"
+            path = numbered_checkpoint(self.run_dir, step)
         self.last = (step, str(path or ""))

@@ -24,7 +24,7 @@ import numpy as np
 from jax._src import distributed as jax_distributed
 
 from ksim.config import ConfigError
-from ksim.distributed import device_axis_sharding
+from ksim.distributed import device_axis_sharding, unreplicate
 from ksim.task.loop import ProcessHooks
 
 Array = jax.Array
@@ -146,7 +146,7 @@ class StopVote:
         previous, self._pending = self._pending, self.program(self.flags(requested))
         if previous is None:
             return False
-        return bool(np.asarray(previous.addressable_shards[0].data).reshape(-1)[0] > 0)
+        return bool(unreplicate(previous) > 0)
 
 
 class PeerMonitor:

@@ -518,9 +518,8 @@ class RLTask(ABC, Generic[ConfigT]):
             return self.sample_action(shared, obs, key, deterministic=True)
 
         doc = (type(self.actuators).__doc__ or "").strip().splitlines()
-        metadata = self.checkpoint_metadata()
         onnx_path, json_path = export_policy(
-            policy, metadata, doc[0] if doc else "", self.config.export_path, checkpoint
+            policy, self._checkpoint_metadata, doc[0] if doc else "", self.config.export_path, checkpoint
         )
         print(f"wrote {onnx_path} and {json_path}", flush=True)
         return onnx_path
