@@ -235,8 +235,27 @@ def body_velocity(layout: ModelLayout, data: mjx.Data, body: int) -> tuple[Array
     return angular, linear_at_com - jnp.cross(offset, angular)
 
 
+class Contacts(struct.PyTreeNode):
+    """One env's contacts at a state, as a table of fixed size whatever the physics implementation.
+
+    A row that holds no contact has `dist` > 0 (a candidate pair that is apart) or geoms -1 (padding), and a
+    zero normal force. Penetrating contacts have `dist` < 0; `normal_force` is what `mj_contactForce` reports
+    along the contact normal (newtons, >= 0).
+    """
+
+    geom1: Array  # (n,) int32
+    geom2: Array  # (n,) int32
+    dist: Array  # (n,)
+    pos: Array  # (n, 3) world position of the contact point
+    normal_force: Array  # (n,)
+
+
 class StepContext(struct.PyTreeNode):
-    """What components see of one env at a control step (unbatched): the data before and after it."""
+    """What components see of one env at a control step (unbatched): the data before and after it.
+
+    Components read the physics only through this class (its properties, `data`'s fields named in
+    `PhysicsEngine`'s docstring, and `contacts`), so every physics implementation serves them alike.
+    """
 
     data: mjx.Data
     prev_data: mjx.Data
@@ -244,6 +263,7 @@ class StepContext(struct.PyTreeNode):
     last_action: Array
     ctrl: Array
     command: Array
+    contacts: Contacts
     layout: ModelLayout = struct.field(pytree_node=False)
     ctrl_dt: float = struct.field(pytree_node=False)
 
@@ -328,6 +348,11 @@ class PhysicsEngine:
     public `mjx.step` and `mjx.forward` on its Warp implementation, for a CUDA GPU or the CPU). With Warp the
     contacts of all envs of one vmapped call are one pool, sized for `max_envs` envs at MuJoCo Warp's default
     number of contacts per env.
+
+    The data contract: whatever the implementation, the per-env data it returns (`make_data`, `step`) has these
+    fields, named and shaped as in `mjx.Data`, current for its final positions and velocities: `qpos`, `qvel`,
+    `act`, `ctrl`, `time`, `xpos`, `xquat`, `xipos`, `cvel`, `subtree_com`, `site_xpos`, `site_xmat`,
+    `geom_xpos`, `geom_xmat`, `sensordata`; and `contacts(data)` gives its `Contacts`.
     """
 
     mj_model: mujoco.MjModel
@@ -461,6 +486,12 @@ class PhysicsEngine:
             return self._warp_forward(self.model(fields), data)
         return traced_position_and_velocity(self.model(fields), data)
 
+    def contacts(self, data: mjx.Data) -> Contacts:
+        """The contacts of `data`'s state."""
+        if self.uses_warp:
+            raise NotImplementedError("contacts with physics_impl='warp'")
+        return Contacts(*mjx_contract.contact_table(self.mj_model, data))
+
     def context(
         self,
         data: mjx.Data,
@@ -471,7 +502,8 @@ class PhysicsEngine:
         command: Array | None = None,
     ) -> StepContext:
         command = jnp.zeros(0) if command is None else command
-        return StepContext(data, prev_data, action, last_action, ctrl, command, self.layout, self.ctrl_dt)
+        contacts = self.contacts(data)
+        return StepContext(data, prev_data, action, last_action, ctrl, command, contacts, self.layout, self.ctrl_dt)
 
 
 def position_and_velocity(model: mjx.Model, data: mjx.Data) -> mjx.Data:

@@ -71,6 +71,25 @@ def constraint_rows(data: mjx.Data) -> int:
     return int(getattr(data, "_impl", data).efc_J.shape[0])
 
 
+def contact_table(mj_model: mujoco.MjModel, data: mjx.Data) -> tuple[Array, Array, Array, Array, Array]:
+    """MJX's (JAX implementation's) contacts as (geom1, geom2, dist, pos, normal_force), one row per candidate.
+
+    The normal force is what `mj_contactForce` gives: the first constraint row of an elliptic cone, or the sum of
+    a pyramidal cone's facet forces (each facet pushes along the normal by its whole force).
+    """
+    contact, efc_force = data._impl.contact, data._impl.efc_force
+    if contact.dist.shape[0] == 0:
+        empty = jnp.zeros(0)
+        return empty.astype(jnp.int32), empty.astype(jnp.int32), empty, jnp.zeros((0, 3)), empty
+    dim = np.asarray(contact.dim)
+    rows = np.where(dim == 1, 1, 2 * (dim - 1)) if int(mj_model.opt.cone) == mujoco.mjtCone.mjCONE_PYRAMIDAL else 1
+    offsets = np.arange(int(np.max(rows)))
+    in_contact = offsets[None, :] < np.broadcast_to(rows, dim.shape)[:, None]
+    facet_forces = efc_force[contact.efc_address[:, None] + offsets[None, :]]
+    normal_force = jnp.sum(jnp.where(in_contact, facet_forces, 0.0), axis=1)
+    return contact.geom1, contact.geom2, contact.dist, contact.pos, normal_force
+
+
 def warp_installed() -> bool:
     """Whether MJX found warp-lang (it imports it, and its own copy of MuJoCo Warp, when `mujoco.mjx` loads)."""
     return bool(_mjx_warp.WARP_INSTALLED)

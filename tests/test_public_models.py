@@ -27,7 +27,7 @@ from ksim import inspect as ksim_inspect  # noqa: E402
 from ksim import mjx_contract  # noqa: E402
 from ksim import observations as obs  # noqa: E402
 from ksim.config import ConfigError  # noqa: E402
-from ksim.engine import ModelLayout, PhysicsEngine, StepContext, physics_step  # noqa: E402
+from ksim.engine import Contacts, ModelLayout, PhysicsEngine, StepContext, physics_step  # noqa: E402
 
 ASSETS = Path(gymnasium.__file__).parent / "envs" / "mujoco" / "assets"
 REPO = Path(__file__).resolve().parents[1]
@@ -91,7 +91,8 @@ def test_default_joint_observations_have_the_robot_joints_sizes(name: str) -> No
     layout = ModelLayout.create(mj_model)
     data = mjx.put_data(mj_model, mujoco.MjData(mj_model), impl="jax")
     no_action = jnp.zeros(mj_model.nu)
-    ctx = StepContext(data, data, no_action, no_action, data.ctrl, jnp.zeros(0), layout, 0.02)
+    contacts = Contacts(*mjx_contract.contact_table(mj_model, data))
+    ctx = StepContext(data, data, no_action, no_action, data.ctrl, jnp.zeros(0), contacts, layout, 0.02)
     robot = layout.robot_joints
     assert obs.JointPosition().observe(ctx).shape == (sum(len(layout.joint_qpos[j]) for j in robot),)
     assert obs.JointVelocity().observe(ctx).shape == (sum(len(layout.joint_qvel[j]) for j in robot),)
