@@ -21,9 +21,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def readme_snippet() -> str:
-    """The README's example (the python block that imports onnxruntime): an exported policy run with
-    onnxruntime alone (no ksim, no JAX)."""
-    blocks = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), re.DOTALL)
+    """The documented example (docs/real-robot.md, the python block that imports onnxruntime): an exported
+    policy run with onnxruntime alone (no ksim, no JAX)."""
+    blocks = re.findall(r"```python\n(.*?)```", (ROOT / "docs" / "real-robot.md").read_text(), re.DOTALL)
     (snippet,) = [block for block in blocks if "onnxruntime as ort" in block]
     return snippet
 
