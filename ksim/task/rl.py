@@ -56,6 +56,7 @@ from ksim.task.evaluation import EvalResult, Evaluator, eval_line, summary_scala
 from ksim.task.loop import AheadOfTimeProgram, ProcessHooks, compile_programs, run_training
 from ksim.task.types import EnvState, Episode, RLConfig, SharedState, TrainState, Trajectory, Transition
 from ksim.terminations import Termination
+from ksim.viewer_settings import ViewSettings, check_geom_groups, check_view_port, command_ranges
 
 Array = jax.Array
 Metrics = dict[str, Array]
@@ -197,7 +198,7 @@ class RLTask(ABC, Generic[ConfigT]):
         require_divisible("num_envs", config.num_envs, config.batch_size, f"batch_size={config.batch_size}")
         if not substeps_divide(config.ctrl_dt, config.dt):
             raise ConfigError(f"dt={config.dt} must divide ctrl_dt={config.ctrl_dt} into a whole number of steps")
-        require_choice(config, "mode", ("train", "eval", "export"))
+        require_choice(config, "mode", ("train", "eval", "export", "view"))
         require_choice(config, "physics_impl", PHYSICS_IMPLS)
         if config.mode in ("eval", "export") and not config.load_from_ckpt_path:
             raise ConfigError(f"mode={config.mode!r} needs load_from_ckpt_path=<checkpoint file>")
@@ -207,6 +208,9 @@ class RLTask(ABC, Generic[ConfigT]):
             raise ConfigError(f"export_path={config.export_path!r} must end in .onnx")
         if config.video_path and not config.video_path.endswith((".mp4", ".gif")):
             raise ConfigError(f"video_path={config.video_path!r} must end in .mp4 or .gif")
+        check_geom_groups(config.geom_groups)
+        if config.mode == "view":
+            check_view_port(config.view_port)
 
     @property
     def max_episode_steps(self) -> int:
@@ -561,9 +565,51 @@ class RLTask(ABC, Generic[ConfigT]):
             from ksim.render import write_video
 
             size = (self.config.video_width, self.config.video_height)
-            path = write_video(self.engine.mj_model, result.qpos, self.config.ctrl_dt, self.config.video_path, size)
+            path = write_video(
+                self.engine.mj_model,
+                result.qpos,
+                self.config.ctrl_dt,
+                self.config.video_path,
+                size,
+                self.config.geom_groups,
+            )
             print(f"wrote {path}", flush=True)
         return result.returns
+
+    # ----- mode=view (ksim.viewer) -------------------------------------------------------------------------------
+
+    def view_shared(self) -> SharedState:
+        """The policy mode=view shows: the checkpoint's (refused as mode=eval refuses it), else the initial one."""
+        if self.config.load_from_ckpt_path:
+            return self.load_contents(self.config.load_from_ckpt_path)["shared"]
+        return jax.device_get(self.init_shared(jax.random.split(jax.random.PRNGKey(self.config.seed), 3)[0]))
+
+    def view_settings(self) -> ViewSettings:
+        layout = tuple(self.observation_layout())
+        actions = tuple(self.action_layout()["names"])
+        groups = tuple(self.config.geom_groups)
+        ranges = command_ranges(self.command)
+        return ViewSettings(self.config.view_port, self.config.ctrl_dt, groups, layout, actions, ranges)
+
+    def make_viewer(self) -> Any:
+        """The viewer (ksim.viewer.Viewer) of this task's policy, its first step compiled; serving from here on."""
+        from ksim.viewer import Viewer
+        from ksim.viewer_sim import ViewerSim
+
+        sim = ViewerSim(self.environment, self.view_shared(), self.config.seed)
+        viewer = Viewer(sim, self.engine.mj_model, self.engine.layout.base_body, self.view_settings())
+        viewer.step()
+        return viewer
+
+    def run_view(self) -> None:
+        viewer = self.make_viewer()
+        print(f"viewer: {viewer.url} (Ctrl+C to stop)", flush=True)
+        try:
+            viewer.run()
+        except KeyboardInterrupt:
+            pass
+        finally:
+            viewer.close()
 
     # ----- the training loop -----------------------------------------------------------------------------------
 
@@ -579,6 +625,8 @@ class RLTask(ABC, Generic[ConfigT]):
     def run(self) -> Any:
         if self.config.mode == "export":
             return self.run_export()
+        if self.config.mode == "view":
+            return self.run_view()
         return self.run_eval() if self.config.mode == "eval" else self.run_training()
 
     def run_training(self) -> TrainState:
