@@ -124,10 +124,24 @@ def geom_mesh(mj_model: mujoco.MjModel, geom_id: int) -> GeomMesh | None:
     return None
 
 
+def texture_mean_rgb(mj_model: mujoco.MjModel, texture: int) -> np.ndarray:
+    """A texture's average color in [0, 1] (a checker floor drawn in one color is still a floor)."""
+    channels = int(mj_model.tex_nchannel[texture])
+    size = int(mj_model.tex_width[texture] * mj_model.tex_height[texture] * channels)
+    start = int(mj_model.tex_adr[texture])
+    pixels = np.asarray(mj_model.tex_data[start : start + size], dtype=np.float64).reshape(-1, channels)
+    return pixels[:, :3].mean(axis=0) / 255.0 if channels >= 3 else np.repeat(pixels.mean() / 255.0, 3)
+
+
 def geom_rgba(mj_model: mujoco.MjModel, geom_id: int) -> np.ndarray:
-    """The geom's color as MuJoCo draws it: its material's unless the geom sets its own rgba (textures aside)."""
+    """The geom's color as MuJoCo draws it: its material's (tinted by the texture's average color) unless the
+    geom sets its own rgba."""
     rgba = np.asarray(mj_model.geom_rgba[geom_id], dtype=np.float64)
     material = int(mj_model.geom_matid[geom_id])
-    if material >= 0 and np.allclose(rgba, DEFAULT_GEOM_RGBA):
-        return np.asarray(mj_model.mat_rgba[material], dtype=np.float64)
+    if material < 0 or not np.allclose(rgba, DEFAULT_GEOM_RGBA):
+        return rgba
+    rgba = np.asarray(mj_model.mat_rgba[material], dtype=np.float64).copy()
+    texture = int(mj_model.mat_texid[material, int(mujoco.mjtTextureRole.mjTEXROLE_RGB)])
+    if texture >= 0:
+        rgba[:3] *= texture_mean_rgb(mj_model, texture)
     return rgba

@@ -27,6 +27,7 @@ from ksim.viewer_sim import StepReport, ViewerSim
 PLOT_STEPS = 250  # control steps of reward history in the plot
 PANEL_UPDATE_S = 0.2  # the panel's numbers change at 5 Hz; the scene at every control step
 BAR_WIDTH = 12
+CAMERA_OFFSET = np.asarray([0.9, -1.6, 0.7])  # from the base, m: behind-right and above, as a robot video's camera
 
 
 def value_bar(value: float, scale: float) -> str:
@@ -239,7 +240,7 @@ class Viewer:
     def _aim_initial_camera(self) -> None:
         target = self.scene.base_pos
         self.server.initial_camera.look_at = target
-        self.server.initial_camera.position = target + np.asarray([1.2, -2.4, 1.0])
+        self.server.initial_camera.position = target + CAMERA_OFFSET
 
     def _follow(self, previous: np.ndarray) -> None:
         """Moves every browser's camera with the base (keeping each user's viewing angle)."""
@@ -247,6 +248,8 @@ class Viewer:
         if not self.panel.follow.value or not np.any(shift):
             return
         for client in self.server.get_clients().values():
+            if client.camera.update_timestamp == 0.0:
+                continue  # a browser that has not reported its camera yet starts at the initial camera
             with client.atomic():
                 client.camera.position = np.asarray(client.camera.position) + shift
                 client.camera.look_at = np.asarray(client.camera.look_at) + shift

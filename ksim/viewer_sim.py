@@ -1,7 +1,8 @@
 """One env driven live by a policy, for the viewer: `Environment.start_episode` and `step_env`, jitted once.
 
-The viewer's controls act between control steps: a command held at slider values, a push of the base,
-a reset, deterministic or sampled actions. Each step hands the host what the viewer shows (`StepReport`).
+The viewer's controls act between control steps: a command held at slider values (the policy sees it from
+the next observation on, as it would see a new command in training), a push of the base, a reset,
+deterministic or sampled actions. Each step hands the host what the viewer shows (`StepReport`).
 """
 
 from __future__ import annotations
