@@ -43,7 +43,7 @@ def wait_for(condition: Callable[[], Any], what: str, timeout_s: float = PAGE_TI
 @pytest.fixture(scope="module")
 def viewer() -> Iterator[Any]:
     """The cartpole's initial policy in a viewer, stepping on a thread (one compile for the module)."""
-    task = CartpoleTask(cartpole_config(mode="view", view_port=free_port(), compilation_cache_dir=""))
+    task = CartpoleTask(cartpole_config(mode="view", view_port=free_port()))
     viewer = task.make_viewer()
     stop = threading.Event()
     thread = threading.Thread(target=viewer.run, args=(stop,), daemon=True)

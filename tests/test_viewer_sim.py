@@ -17,7 +17,7 @@ from ksim.viewer_sim import ViewerSim
 @pytest.fixture(scope="module")
 def ball() -> tuple[BallTask, ViewerSim]:
     """The ball (velocity command, Command observation last, a free base) with its initial policy."""
-    task = BallTask(ball_config(mode="view", episode_length_steps=12, compilation_cache_dir=""))
+    task = BallTask(ball_config(mode="view", episode_length_steps=12))
     shared = jax.device_get(task.init_shared(jax.random.PRNGKey(0)))
     return task, ViewerSim(task.environment, shared, seed=0)
 

@@ -7,7 +7,9 @@ the same functions with `jax.pmap` and fills in the cross-device hooks (`cross_d
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import importlib.util
 import math
 import os
 import sys
@@ -57,6 +59,7 @@ from ksim.task.loop import AheadOfTimeProgram, ProcessHooks, compile_programs, r
 from ksim.task.types import EnvState, Episode, RLConfig, SharedState, TrainState, Trajectory, Transition
 from ksim.terminations import Termination
 from ksim.viewer_settings import ViewSettings, check_geom_groups, check_view_port, command_ranges
+from ksim.wandb_logging import WANDB_EXTRA, WandbRun
 
 Array = jax.Array
 Metrics = dict[str, Array]
@@ -120,6 +123,7 @@ class RLTask(ABC, Generic[ConfigT]):
         self.model = self.get_model()
         self.optimizer = self.get_optimizer()
         self._compiled: dict[str, Program] = {}
+        self.wandb_run: WandbRun | None = None
         if config.compilation_cache_dir:
             jax.config.update("jax_compilation_cache_dir", os.path.expanduser(config.compilation_cache_dir))
             # Every program, also the small ones (RNG splits, network init) that add up to seconds at startup.
@@ -209,6 +213,9 @@ class RLTask(ABC, Generic[ConfigT]):
         if config.video_path and not config.video_path.endswith((".mp4", ".gif")):
             raise ConfigError(f"video_path={config.video_path!r} must end in .mp4 or .gif")
         check_geom_groups(config.geom_groups)
+        require_choice(config, "logger", ("tensorboard", "wandb"))
+        if config.logger == "wandb" and importlib.util.find_spec("wandb") is None:
+            raise ConfigError(f"logger='wandb' needs the wandb package: {WANDB_EXTRA}")
         if config.mode == "view":
             check_view_port(config.view_port)
 
@@ -561,20 +568,24 @@ class RLTask(ABC, Generic[ConfigT]):
         contents = self.load_contents(self.config.load_from_ckpt_path)
         result = self.evaluation(contents["shared"], self.config.eval_episodes, self.config.seed)
         print(eval_line(self.task_name, result), flush=True)
-        if self.config.video_path:
-            from ksim.render import write_video
-
-            size = (self.config.video_width, self.config.video_height)
-            path = write_video(
-                self.engine.mj_model,
-                result.qpos,
-                self.config.ctrl_dt,
-                self.config.video_path,
-                size,
-                self.config.geom_groups,
-            )
-            print(f"wrote {path}", flush=True)
+        video = self.write_eval_video(result.qpos) if self.config.video_path else None
+        # The checkpoint's run folder (RUN/checkpoints/ckpt_*.bin) keeps the evaluation's W&B run.
+        wandb_run = self.start_wandb(Path(self.config.load_from_ckpt_path).resolve().parent.parent, "eval")
+        if wandb_run is not None:
+            wandb_run.scalars(int(contents["step"]), int(contents["env_steps"]), summary_scalars(result))
+            if video is not None:
+                wandb_run.video("eval/video", video)
+            wandb_run.finish()
         return result.returns
+
+    def write_eval_video(self, qpos: np.ndarray) -> Path:
+        from ksim.render import write_video
+
+        size = (self.config.video_width, self.config.video_height)
+        config = self.config
+        path = write_video(self.engine.mj_model, qpos, config.ctrl_dt, config.video_path, size, config.geom_groups)
+        print(f"wrote {path}", flush=True)
+        return path
 
     # ----- mode=view (ksim.viewer) -------------------------------------------------------------------------------
 
@@ -632,16 +643,30 @@ class RLTask(ABC, Generic[ConfigT]):
     def run_training(self) -> TrainState:
         return run_training(self)
 
+    def start_wandb(self, run_dir: Path, job_type: str) -> WandbRun | None:
+        """The W&B run of logger=wandb (with the config), else None."""
+        if self.config.logger != "wandb":
+            return None
+        config = dataclasses.asdict(self.config)
+        name = f"{self.task_name}/{run_dir.name}"
+        return WandbRun(run_dir, self.config.wandb_project, name, config, job_type)
+
     def make_logger(self, run_dir: Path | None) -> MetricsLogger:
         if run_dir is None:
             return MetricsLogger(None)
-        return MetricsLogger(run_dir / "tensorboard", run_dir / SCALARS_FILE)
+        self.wandb_run = self.start_wandb(run_dir, "train")
+        sinks = [self.wandb_run] if self.wandb_run else []
+        return MetricsLogger(run_dir / "tensorboard", run_dir / SCALARS_FILE, sinks)
 
     def after_training(self, run_dir: Path) -> None:
         """Runs on the logging process once training has ended (and saved): the learning-curve picture."""
         from ksim.plot import plot_learning_curve
 
-        print(f"wrote {plot_learning_curve(run_dir, self.task_name)}", flush=True)
+        curve = plot_learning_curve(run_dir, self.task_name)
+        print(f"wrote {curve}", flush=True)
+        if self.wandb_run is not None:
+            self.wandb_run.image("learning_curve", curve)
+            self.wandb_run.finish()
 
     @staticmethod
     def scalars(window: list[dict[str, Any]]) -> dict[str, float]:

@@ -79,6 +79,12 @@ class RLConfig:
         os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "ksim", "jax"),
         help="Persistent XLA compilation cache folder (empty: off). A second start of a run skips compiling.",
     )
+    logger: str = xax.field(
+        "tensorboard",
+        help="'tensorboard' (TensorBoard and scalars.jsonl in the run folder) or 'wandb' (also Weights & Biases: "
+        "scalars, config, learning curve, eval videos; WANDB_MODE=offline keeps it local).",
+    )
+    wandb_project: str = xax.field("ksim", help="logger=wandb: the W&B project.")
     watchdog_timeout_s: float = xax.field(
         600.0,
         help="Abort with a diagnosis if one train step runs longer than this, compile excluded (0: off).",
