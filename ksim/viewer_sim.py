@@ -56,12 +56,13 @@ class ViewerSim:
 
     def __init__(self, environment: Environment, shared: Any, seed: int = 0) -> None:
         self.environment = environment
-        self.shared = jax.device_put(shared, jax.local_devices()[0])
+        self.device = jax.local_devices()[0]
+        self.shared = jax.device_put(shared, self.device)
         self.termination_names = [*unique_names([t.name for t in environment.components.terminations]), DIVERGED]
         self.push = push_of(environment, (1.0, 1.0, 0.0))
         self._key = jax.random.PRNGKey(seed)
         self._draws = 0
-        self.episode = self._start(self._next_key())
+        self.episode = self._started(self._next_key())
         self.held_command: np.ndarray | None = None
 
     # ----- the jitted programs (each compiles once; the step once per action mode) ---------------------------
@@ -126,9 +127,14 @@ class ViewerSim:
     def qpos(self) -> np.ndarray:
         return np.asarray(jax.device_get(self.episode.data.qpos))
 
+    def _started(self, key: Array) -> Episode:
+        # Committed to the device like the step's outputs, so that the step sees one input signature and
+        # compiles once (an uncommitted episode would be a second cache entry: a second compile).
+        return jax.device_put(self._start(key), self.device)
+
     def reset(self) -> None:
         """Starts a new episode (the next of this viewer's seed)."""
-        self.episode = self._start(self._next_key())
+        self.episode = self._started(self._next_key())
 
     def push_base(self) -> None:
         """Kicks the base with a random horizontal velocity of up to 1 m/s per axis (free bases only)."""

@@ -45,6 +45,7 @@ def viewer() -> Iterator[Any]:
     """The cartpole's initial policy in a viewer, stepping on a thread (one compile for the module)."""
     task = CartpoleTask(cartpole_config(mode="view", view_port=free_port()))
     viewer = task.make_viewer()
+    viewer.panel.speed.value = 0.25  # fewer scene updates for the browser's software WebGL to draw
     stop = threading.Event()
     thread = threading.Thread(target=viewer.run, args=(stop,), daemon=True)
     thread.start()

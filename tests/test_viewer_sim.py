@@ -50,6 +50,7 @@ def test_episode_end_names_the_time_limit(ball: tuple[BallTask, ViewerSim]) -> N
     endings = [sim.step().ended_by for _ in range(12)]
     assert endings == [None] * 11 + ["time limit"]
     assert int(sim.episode.episode_length) == 0  # the next episode has started
+    assert sim._step._cache_size() == 1  # across resets, pushes and held commands: compiled once
 
 
 def test_checkpoint_of_another_task_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
