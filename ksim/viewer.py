@@ -141,10 +141,9 @@ class ControlPanel:
         self._group_toggles(gui, scene)
         with gui.add_folder("Episode"):
             self.status = gui.add_markdown("starting")
-        self.rewards_folder = gui.add_folder("Rewards")
-        with self.rewards_folder:
+        with gui.add_folder("Rewards"):
             self.reward_plot: viser.GuiUplotHandle | None = None
-            self.reward_bars = gui.add_markdown("", order=1)
+            self.reward_bars = gui.add_markdown("")
         with gui.add_folder("Actions", expand_by_default=False):
             self.action_bars = gui.add_markdown("")
         with gui.add_folder("Observations", expand_by_default=False):
@@ -209,10 +208,9 @@ class ControlPanel:
             ]
             series = (viser.uplot.Series(label="step"), *lines)
             scales = {"x": viser.uplot.Scale(time=False)}
-            with self.rewards_folder:  # above the bars
-                self.reward_plot = self.gui.add_uplot(
-                    data, series, title="reward terms by control step", scales=scales, aspect=1.6, order=0
-                )
+            self.reward_plot = self.gui.add_uplot(
+                data, series, title="reward terms by control step", scales=scales, aspect=1.6, order=-1
+            )
         else:
             self.reward_plot.data = data
 
