@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import struct
+import time
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,16 @@ def wandb_records(path: Path) -> list[Any]:
     return records
 
 
+def finished_records(path: Path, timeout_s: float = 60.0) -> list[Any]:
+    """The run's records once its exit record is on disk (W&B's service may still be writing after finish())."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        records = wandb_records(path)
+        if any(r.WhichOneof("record_type") == "exit" for r in records) or time.monotonic() > deadline:
+            return records
+        time.sleep(0.5)
+
+
 def history_rows(records: list[Any]) -> list[dict[str, Any]]:
     rows = [r.history for r in records if r.WhichOneof("record_type") == "history"]
     return [{item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in row.item} for row in rows]
@@ -53,7 +64,7 @@ def test_offline_wandb_run_gets_the_scalars_config_and_learning_curve(
     CartpoleTask(config).run()
 
     (run_file,) = list((tmp_path / "wandb").glob("offline-run-*/run-*.wandb"))
-    records = wandb_records(run_file)
+    records = finished_records(run_file)
     rows = history_rows(records)
     logged = [json.loads(line) for line in (tmp_path / SCALARS_FILE).read_text().splitlines()]
     assert len(rows) == len(logged) + 1  # one row per log step, then the learning curve
