@@ -10,3 +10,7 @@ keep_small_dots_off_ynnpack()
 from ksim.distributed import avoid_cpu_lapack_deadlock  # noqa: E402
 
 avoid_cpu_lapack_deadlock()
+
+from ksim.quiet_imports import import_mjx_without_warp_noise  # noqa: E402
+
+import_mjx_without_warp_noise()

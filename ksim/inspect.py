@@ -40,7 +40,13 @@ CHEAP_SUBSTEPS = 8
 
 
 def _name(mj_model: mujoco.MjModel, obj: mujoco.mjtObj, index: int) -> str:
-    return mujoco.mj_id2name(mj_model, obj, index) or f"#{index}"
+    """The object's name, or for an unnamed one its kind and index: `free joint #0`, `geom #3`."""
+    name = mujoco.mj_id2name(mj_model, obj, index)
+    if name:
+        return name
+    if obj == mujoco.mjtObj.mjOBJ_JOINT:
+        return f"{_enum(mj_model.jnt_type[index], mujoco.mjtJoint, 'mjJNT_')} joint #{index}"
+    return f"{str(obj.name).removeprefix('mjOBJ_').lower()} #{index}"
 
 
 def _enum(value: int, enum: type, prefix: str) -> str:
@@ -58,14 +64,16 @@ def _joint_range(mj_model: mujoco.MjModel, joint: int) -> str:
 
 def layout_lines(mj_model: mujoco.MjModel, layout: ModelLayout) -> list[str]:
     """Base body, root kind and joints, each robot joint with its type and range."""
-    root_names = ", ".join(layout.names(layout.root_joints)) or "none"
+    root_names = ", ".join(_name(mj_model, mujoco.mjtObj.mjOBJ_JOINT, j) for j in layout.root_joints) or "none"
     lines = [
         f"base body: {layout.body_names[layout.base_body]!r}, root: {layout.root_kind} (root joints: {root_names})",
         f"robot joints ({len(layout.robot_joints)}; what JointPosition, JointVelocity and resets use by default):",
     ]
     for joint in layout.robot_joints:
         kind = _enum(mj_model.jnt_type[joint], mujoco.mjtJoint, "mjJNT_")
-        lines.append(f"  {layout.joint_names[joint]:<24} {kind:<6} {_joint_range(mj_model, joint)}")
+        lines.append(
+            f"  {_name(mj_model, mujoco.mjtObj.mjOBJ_JOINT, joint):<24} {kind:<6} {_joint_range(mj_model, joint)}"
+        )
     return lines
 
 

@@ -2,36 +2,58 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import mujoco
 import numpy as np
 
+from ksim.geom_mesh import VISIBLE_BY_DEFAULT
 
-def render_frames(mj_model: mujoco.MjModel, qpos: np.ndarray, width: int = 640, height: int = 480) -> list[np.ndarray]:
+
+def scene_option(geom_groups: Sequence[int]) -> mujoco.MjvOption:
+    """MuJoCo's drawing options with exactly `geom_groups` shown."""
+    option = mujoco.MjvOption()
+    option.geomgroup[:] = [group in geom_groups for group in range(len(option.geomgroup))]
+    return option
+
+
+def render_frames(
+    mj_model: mujoco.MjModel,
+    qpos: np.ndarray,
+    width: int = 640,
+    height: int = 480,
+    geom_groups: Sequence[int] = VISIBLE_BY_DEFAULT,
+) -> list[np.ndarray]:
     """One RGB frame per recorded qpos, from the model's `track` camera when it has one."""
     data = mujoco.MjData(mj_model)
+    option = scene_option(geom_groups)
     camera = "track" if mujoco.mj_name2id(mj_model, mujoco.mjtObj.mjOBJ_CAMERA, "track") >= 0 else -1
     frames = []
     with mujoco.Renderer(mj_model, height=height, width=width) as renderer:
         for pose in qpos:
             data.qpos[:] = pose
             mujoco.mj_forward(mj_model, data)
-            renderer.update_scene(data, camera=camera)
+            renderer.update_scene(data, camera=camera, scene_option=option)
             frames.append(renderer.render().copy())
     return frames
 
 
 def write_video(
-    mj_model: mujoco.MjModel, qpos: np.ndarray, ctrl_dt: float, path: str | Path, size: tuple[int, int] = (640, 480)
+    mj_model: mujoco.MjModel,
+    qpos: np.ndarray,
+    ctrl_dt: float,
+    path: str | Path,
+    size: tuple[int, int] = (640, 480),
+    geom_groups: Sequence[int] = VISIBLE_BY_DEFAULT,
 ) -> Path:
     """Writes an .mp4 (through imageio-ffmpeg) or .gif of the episode at real-time speed; `size` is (width, height)."""
     import imageio.v2 as imageio
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    frames: list[Any] = render_frames(mj_model, np.asarray(qpos), *size)
+    frames: list[Any] = render_frames(mj_model, np.asarray(qpos), *size, geom_groups)
     fps = 1.0 / ctrl_dt
     if path.suffix == ".gif":
         imageio.mimsave(path, frames, duration=1000.0 / fps, loop=0)

@@ -7,7 +7,7 @@ import json
 import math
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 STDOUT_KEYS = (
     "episode_length",
@@ -51,12 +51,22 @@ def format_line(step: int, num_steps: int, env_steps: int, scalars: dict[str, fl
     return " | ".join(parts)
 
 
-class MetricsLogger:
-    """Prints log lines and writes TensorBoard scalars and `scalars.jsonl` (only ever created on process 0)."""
+class ScalarSink(Protocol):
+    """Somewhere else the same scalars go (ksim.wandb_logging.WandbRun); its owner closes it."""
 
-    def __init__(self, log_dir: Path | None, scalars_path: Path | None = None) -> None:
+    def scalars(self, step: int, env_steps: int, values: dict[str, float]) -> None: ...
+
+
+class MetricsLogger:
+    """Prints log lines and writes TensorBoard scalars and `scalars.jsonl` (only ever created on process 0),
+    and hands the same scalars to `sinks`."""
+
+    def __init__(
+        self, log_dir: Path | None, scalars_path: Path | None = None, sinks: Sequence[ScalarSink] = ()
+    ) -> None:
         self._writer = None
         self._scalars_path = scalars_path
+        self._sinks = tuple(sinks)
         if log_dir is not None:
             from tensorboardX import SummaryWriter
 
@@ -71,6 +81,8 @@ class MetricsLogger:
         if self._scalars_path is not None:
             with self._scalars_path.open("a") as file:
                 file.write(json.dumps({"step": step, "env_steps": env_steps, **finite}) + "\n")
+        for sink in self._sinks:
+            sink.scalars(step, env_steps, finite)
 
     def log(self, step: int, num_steps: int, env_steps: int, scalars: dict[str, float], eta_s: float) -> None:
         print(format_line(step, num_steps, env_steps, scalars, eta_s), flush=True)

@@ -7,7 +7,9 @@ the same functions with `jax.pmap` and fills in the cross-device hooks (`cross_d
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import importlib.util
 import math
 import os
 import sys
@@ -56,6 +58,8 @@ from ksim.task.evaluation import EvalResult, Evaluator, eval_line, summary_scala
 from ksim.task.loop import AheadOfTimeProgram, ProcessHooks, compile_programs, run_training
 from ksim.task.types import EnvState, Episode, RLConfig, SharedState, TrainState, Trajectory, Transition
 from ksim.terminations import Termination
+from ksim.viewer_settings import ViewSettings, check_geom_groups, check_view_port, command_ranges
+from ksim.wandb_logging import WANDB_EXTRA, WandbRun
 
 Array = jax.Array
 Metrics = dict[str, Array]
@@ -119,6 +123,7 @@ class RLTask(ABC, Generic[ConfigT]):
         self.model = self.get_model()
         self.optimizer = self.get_optimizer()
         self._compiled: dict[str, Program] = {}
+        self.wandb_run: WandbRun | None = None
         if config.compilation_cache_dir:
             jax.config.update("jax_compilation_cache_dir", os.path.expanduser(config.compilation_cache_dir))
             # Every program, also the small ones (RNG splits, network init) that add up to seconds at startup.
@@ -197,7 +202,7 @@ class RLTask(ABC, Generic[ConfigT]):
         require_divisible("num_envs", config.num_envs, config.batch_size, f"batch_size={config.batch_size}")
         if not substeps_divide(config.ctrl_dt, config.dt):
             raise ConfigError(f"dt={config.dt} must divide ctrl_dt={config.ctrl_dt} into a whole number of steps")
-        require_choice(config, "mode", ("train", "eval", "export"))
+        require_choice(config, "mode", ("train", "eval", "export", "view"))
         require_choice(config, "physics_impl", PHYSICS_IMPLS)
         if config.mode in ("eval", "export") and not config.load_from_ckpt_path:
             raise ConfigError(f"mode={config.mode!r} needs load_from_ckpt_path=<checkpoint file>")
@@ -207,6 +212,12 @@ class RLTask(ABC, Generic[ConfigT]):
             raise ConfigError(f"export_path={config.export_path!r} must end in .onnx")
         if config.video_path and not config.video_path.endswith((".mp4", ".gif")):
             raise ConfigError(f"video_path={config.video_path!r} must end in .mp4 or .gif")
+        check_geom_groups(config.geom_groups)
+        require_choice(config, "logger", ("tensorboard", "wandb"))
+        if config.logger == "wandb" and importlib.util.find_spec("wandb") is None:
+            raise ConfigError(f"logger='wandb' needs the wandb package: {WANDB_EXTRA}")
+        if config.mode == "view":
+            check_view_port(config.view_port)
 
     @property
     def max_episode_steps(self) -> int:
@@ -557,13 +568,59 @@ class RLTask(ABC, Generic[ConfigT]):
         contents = self.load_contents(self.config.load_from_ckpt_path)
         result = self.evaluation(contents["shared"], self.config.eval_episodes, self.config.seed)
         print(eval_line(self.task_name, result), flush=True)
-        if self.config.video_path:
-            from ksim.render import write_video
-
-            size = (self.config.video_width, self.config.video_height)
-            path = write_video(self.engine.mj_model, result.qpos, self.config.ctrl_dt, self.config.video_path, size)
-            print(f"wrote {path}", flush=True)
+        video = self.write_eval_video(result.qpos) if self.config.video_path else None
+        # The checkpoint's run folder (RUN/checkpoints/ckpt_*.bin) keeps the evaluation's W&B run.
+        wandb_run = self.start_wandb(Path(self.config.load_from_ckpt_path).resolve().parent.parent, "eval")
+        if wandb_run is not None:
+            wandb_run.scalars(int(contents["step"]), int(contents["env_steps"]), summary_scalars(result))
+            if video is not None:
+                wandb_run.video("eval/video", video)
+            wandb_run.finish()
         return result.returns
+
+    def write_eval_video(self, qpos: np.ndarray) -> Path:
+        from ksim.render import write_video
+
+        size = (self.config.video_width, self.config.video_height)
+        config = self.config
+        path = write_video(self.engine.mj_model, qpos, config.ctrl_dt, config.video_path, size, config.geom_groups)
+        print(f"wrote {path}", flush=True)
+        return path
+
+    # ----- mode=view (ksim.viewer) -------------------------------------------------------------------------------
+
+    def view_shared(self) -> SharedState:
+        """The policy mode=view shows: the checkpoint's (refused as mode=eval refuses it), else the initial one."""
+        if self.config.load_from_ckpt_path:
+            return self.load_contents(self.config.load_from_ckpt_path)["shared"]
+        return jax.device_get(self.init_shared(jax.random.split(jax.random.PRNGKey(self.config.seed), 3)[0]))
+
+    def view_settings(self) -> ViewSettings:
+        layout = tuple(self.observation_layout())
+        actions = tuple(self.action_layout()["names"])
+        groups = tuple(self.config.geom_groups)
+        ranges = command_ranges(self.command)
+        return ViewSettings(self.config.view_port, self.config.ctrl_dt, groups, layout, actions, ranges)
+
+    def make_viewer(self) -> Any:
+        """The viewer (ksim.viewer.Viewer) of this task's policy, its first step compiled; serving from here on."""
+        from ksim.viewer import Viewer
+        from ksim.viewer_sim import ViewerSim
+
+        sim = ViewerSim(self.environment, self.view_shared(), self.config.seed)
+        viewer = Viewer(sim, self.engine.mj_model, self.engine.layout.base_body, self.view_settings())
+        viewer.step()
+        return viewer
+
+    def run_view(self) -> None:
+        viewer = self.make_viewer()
+        print(f"viewer: {viewer.url} (Ctrl+C to stop)", flush=True)
+        try:
+            viewer.run()
+        except KeyboardInterrupt:
+            pass
+        finally:
+            viewer.close()
 
     # ----- the training loop -----------------------------------------------------------------------------------
 
@@ -579,21 +636,37 @@ class RLTask(ABC, Generic[ConfigT]):
     def run(self) -> Any:
         if self.config.mode == "export":
             return self.run_export()
+        if self.config.mode == "view":
+            return self.run_view()
         return self.run_eval() if self.config.mode == "eval" else self.run_training()
 
     def run_training(self) -> TrainState:
         return run_training(self)
 
+    def start_wandb(self, run_dir: Path, job_type: str) -> WandbRun | None:
+        """The W&B run of logger=wandb (with the config), else None."""
+        if self.config.logger != "wandb":
+            return None
+        config = dataclasses.asdict(self.config)
+        name = f"{self.task_name}/{run_dir.name}"
+        return WandbRun(run_dir, self.config.wandb_project, name, config, job_type)
+
     def make_logger(self, run_dir: Path | None) -> MetricsLogger:
         if run_dir is None:
             return MetricsLogger(None)
-        return MetricsLogger(run_dir / "tensorboard", run_dir / SCALARS_FILE)
+        self.wandb_run = self.start_wandb(run_dir, "train")
+        sinks = [self.wandb_run] if self.wandb_run else []
+        return MetricsLogger(run_dir / "tensorboard", run_dir / SCALARS_FILE, sinks)
 
     def after_training(self, run_dir: Path) -> None:
         """Runs on the logging process once training has ended (and saved): the learning-curve picture."""
         from ksim.plot import plot_learning_curve
 
-        print(f"wrote {plot_learning_curve(run_dir, self.task_name)}", flush=True)
+        curve = plot_learning_curve(run_dir, self.task_name)
+        print(f"wrote {curve}", flush=True)
+        if self.wandb_run is not None:
+            self.wandb_run.image("learning_curve", curve)
+            self.wandb_run.finish()
 
     @staticmethod
     def scalars(window: list[dict[str, Any]]) -> dict[str, float]:

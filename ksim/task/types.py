@@ -60,16 +60,31 @@ class RLConfig:
         False, help="Load a checkpoint written by another task or observation layout (shapes must still match)."
     )
     keep_last_n_checkpoints: int = xax.field(5, help="Numbered checkpoints kept (0: all); ckpt_latest always stays.")
-    mode: str = xax.field("train", help="'train', 'eval' or 'export' (eval and export need load_from_ckpt_path).")
+    mode: str = xax.field(
+        "train",
+        help="'train', 'eval', 'export' (both need load_from_ckpt_path) or 'view' (a web page of the policy acting "
+        "live; the checkpoint's, else the initial policy).",
+    )
     export_path: str = xax.field("", help="mode=export: write the deterministic policy to this .onnx file.")
     eval_episodes: int = xax.field(10, help="Episodes per evaluation (mode=eval and eval_every_n_steps).")
     video_path: str = xax.field("", help="mode=eval: write the first episode to this .mp4 or .gif.")
+    view_port: int = xax.field(8080, help="mode=view: the port the viewer's web page is served on.")
+    geom_groups: list[int] = xax.field(
+        lambda: [0, 1, 2],
+        help="MuJoCo geom groups (0-5) drawn in videos and shown at first by mode=view (MuJoCo's own default).",
+    )
     video_width: int = xax.field(640, help="Video frame width in pixels (at most the model's offscreen width).")
     video_height: int = xax.field(480, help="Video frame height in pixels (at most the model's offscreen height).")
     compilation_cache_dir: str = xax.field(
         os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "ksim", "jax"),
         help="Persistent XLA compilation cache folder (empty: off). A second start of a run skips compiling.",
     )
+    logger: str = xax.field(
+        "tensorboard",
+        help="'tensorboard' (TensorBoard and scalars.jsonl in the run folder) or 'wandb' (also Weights & Biases: "
+        "scalars, config, learning curve, eval videos; WANDB_MODE=offline keeps it local).",
+    )
+    wandb_project: str = xax.field("ksim", help="logger=wandb: the W&B project.")
     watchdog_timeout_s: float = xax.field(
         600.0,
         help="Abort with a diagnosis if one train step runs longer than this, compile excluded (0: off).",

@@ -1,0 +1,63 @@
+"""The viewer's simulation (ksim.viewer_sim) without a browser: held commands, pushes, resets, and refusals."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+from helpers import BallTask, ball_config, cartpole_config
+
+from examples.cartpole import CartpoleTask
+from ksim.task.checkpointing import checkpoint_contents, save_run_checkpoint
+from ksim.viewer_sim import ViewerSim
+
+
+@pytest.fixture(scope="module")
+def ball() -> tuple[BallTask, ViewerSim]:
+    """The ball (velocity command, Command observation last, a free base) with its initial policy."""
+    task = BallTask(ball_config(mode="view", episode_length_steps=12))
+    shared = jax.device_get(task.init_shared(jax.random.PRNGKey(0)))
+    return task, ViewerSim(task.environment, shared, seed=0)
+
+
+def test_held_command_reaches_the_policy_and_stays(ball: tuple[BallTask, ViewerSim]) -> None:
+    _, sim = ball
+    sim.reset()
+    sim.held_command = np.asarray([0.7, -0.2, 0.3], np.float32)
+    sim.step()  # the episode's first observation holds the command it started with
+    for _ in range(8):  # past the ball's 0.04-0.1 s command redraws
+        report = sim.step()
+        np.testing.assert_allclose(report.obs[-3:], sim.held_command, atol=1e-6)
+    sim.held_command = None
+
+
+def test_push_kicks_the_base_and_reset_starts_a_new_episode(ball: tuple[BallTask, ViewerSim]) -> None:
+    task, sim = ball
+    linear = task.engine.layout.free_root_qvel("test")[:3]
+    before = np.asarray(sim.episode.data.qvel)[linear]
+    sim.push_base()
+    assert np.linalg.norm(np.asarray(sim.episode.data.qvel)[linear] - before) > 1e-3
+    sim.step()
+    sim.reset()
+    assert int(sim.episode.episode_length) == 0
+
+
+def test_episode_end_names_the_time_limit(ball: tuple[BallTask, ViewerSim]) -> None:
+    _, sim = ball
+    sim.reset()
+    endings = [sim.step().ended_by for _ in range(12)]
+    assert endings == [None] * 11 + ["time limit"]
+    assert int(sim.episode.episode_length) == 0  # the next episode has started
+    assert sim._step._cache_size() == 1  # across resets, pushes and held commands: compiled once
+
+
+def test_checkpoint_of_another_task_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    task = BallTask(ball_config())
+    contents = checkpoint_contents(jax.device_get(task.init_shared(jax.random.PRNGKey(0))), jax.random.PRNGKey(1), 0, 0)
+    path = save_run_checkpoint(tmp_path, contents, task.checkpoint_metadata(), 0, 1)
+    with pytest.raises(SystemExit) as exit_info:
+        CartpoleTask.launch(cartpole_config(compilation_cache_dir=""), ["mode=view", f"load_from_ckpt_path={path}"])
+    assert exit_info.value.code == 2
+    assert "BallTask" in capsys.readouterr().err
