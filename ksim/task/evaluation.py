@@ -13,6 +13,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import mujoco
 import numpy as np
 from flax import struct
 
@@ -20,7 +21,7 @@ from ksim.commands import Command, VelocityCommand
 from ksim.engine import StepContext
 from ksim.rewards import heading_velocity
 from ksim.task.env import Environment
-from ksim.task.types import Episode
+from ksim.task.types import Episode, RLConfig
 
 Array = jax.Array
 EvalProgram = Callable[[Any, Array], tuple["EpisodeStats", Array, Array]]  # (shared, env keys) -> stats, qpos, steps
@@ -169,6 +170,16 @@ class Evaluator:
             stats.command_error_sum / steps if tracking else None,
             first_episode(qpos, stats.lengths),
         )
+
+
+def report_evaluation(task_name: str, result: EvalResult, mj_model: mujoco.MjModel, config: RLConfig) -> None:
+    """What `mode=eval` shows: the summary line, and env 0's first episode as a video with video_path."""
+    print(eval_line(task_name, result), flush=True)
+    if config.video_path:
+        from ksim.render import write_video
+
+        size = (config.video_width, config.video_height)
+        print(f"wrote {write_video(mj_model, result.qpos, config.ctrl_dt, config.video_path, size)}", flush=True)
 
 
 def eval_line(task_name: str, result: EvalResult) -> str:
