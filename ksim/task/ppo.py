@@ -260,7 +260,7 @@ class PPOTask(RLTask[PPOConfigT]):
         """Hook before the optimizer step; DistributedPPOTask averages gradients over devices here."""
         return grads
 
-    def values(self, shared: SharedState, trajectory: Trajectory) -> tuple[Array, Array, Array, Array]:
+    def replay_rollout(self, shared: SharedState, trajectory: Trajectory) -> tuple[Array, Array, Array, Array]:
         """Time-major (action mean, action log std, value, next value) under the rollout's params."""
         params = shared.params
         obs = self.normalize_obs(shared, trajectory.obs)
@@ -288,7 +288,7 @@ class PPOTask(RLTask[PPOConfigT]):
 
     def prepare_batch(self, shared: SharedState, trajectory: Trajectory) -> PPOBatch:
         """Log-probs, values and GAE under the rollout's params, reordered env-major."""
-        mean, log_std, value, next_value = self.values(shared, trajectory)
+        mean, log_std, value, next_value = self.replay_rollout(shared, trajectory)
         done = trajectory.terminated | trajectory.truncated
         advantage, returns = compute_gae(
             trajectory.reward,
