@@ -49,7 +49,7 @@ def per_step_reset_task(base: type) -> type:
 
         def refill_if(self, needed: Any, env: Any) -> Any:
             keys = jax.vmap(jax.random.fold_in)(env.reset_key, env.episodes_started)
-            fresh = jax.vmap(self.start_episode)(keys)
+            fresh = jax.vmap(self.environment.start_episode)(keys)
             next_start = select_envs(env.next_start_ready, env.next_start, fresh)
             return env.replace(next_start=next_start, next_start_ready=jnp.ones_like(env.next_start_ready))
 

@@ -10,6 +10,10 @@ Two presets, picked with `preset=` (other settings override the preset's as usua
                                                         # observation noise and a one-step action delay
     python -m examples.walking preset=gpu sim2real=false   # GPU-sized, the plain forward-walking task
 
+    python -m examples.walking recurrent_size=64       # a GRU of 64 units in front of the actor's and the
+                                                        # critic's MLP (docs/policies.md; its cost per train
+                                                        # step: python -m benchmarks.recurrent_cost)
+
 `sim2real=true` on the CPU preset turns the same components on there (slower: each env carries its own
 model fields). Export a trained policy with `mode=export load_from_ckpt_path=... export_path=policy.onnx`.
 """

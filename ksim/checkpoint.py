@@ -25,6 +25,7 @@ METADATA_FORMAT = 1
 OVERRIDE_HINT = "(set allow_checkpoint_mismatch=true to load anyway)"
 NUMBERED = re.compile(r"ckpt_(\d{8})\.bin")
 TEMP_PATTERN = ".ckpt_*.tmp"
+MEMORYLESS = {"observation_history": 1, "recurrent_size": 0}  # what checkpoints without policy_memory had
 
 
 def _fsync_dir(directory: Path) -> None:
@@ -103,6 +104,23 @@ def _layout_text(layout: Sequence[Any]) -> str:
     return ", ".join(f"{name}({size})" for name, size in layout) or "nothing"
 
 
+def _critic_text(layout: Sequence[Any] | None) -> str:
+    return "no critic group (the critic reads the actor's input)" if layout is None else _layout_text(layout)
+
+
+def memory_mismatch(found: dict[str, Any], expected: dict[str, Any]) -> str | None:
+    """Which policy-memory setting differs (the networks differ, so no override loads it)."""
+    found_memory = found.get("policy_memory", MEMORYLESS)
+    expected_memory = expected.get("policy_memory", MEMORYLESS)
+    for name in sorted(expected_memory):
+        if found_memory.get(name, MEMORYLESS.get(name)) != expected_memory[name]:
+            return (
+                f"{name}={found_memory.get(name, MEMORYLESS.get(name))} in the checkpoint, "
+                f"{expected_memory[name]} here (the setting must match the checkpoint's)"
+            )
+    return None
+
+
 def metadata_mismatch(found: dict[str, Any], expected: dict[str, Any]) -> str | None:
     """Why a checkpoint's metadata does not fit this task (other task, observation or action layout)."""
     related = found["task"] in expected.get("task_classes", []) or expected["task"] in found.get("task_classes", [])
@@ -115,6 +133,12 @@ def metadata_mismatch(found: dict[str, Any], expected: dict[str, Any]) -> str | 
             f"observations differ: the checkpoint has {_layout_text(found_obs)}, "
             f"{expected['task']} has {_layout_text(expected_obs)}"
         )
+    found_critic, expected_critic = found.get("critic_observations"), expected.get("critic_observations")
+    if found_critic != expected_critic:
+        return (
+            f"critic observations differ: the checkpoint has {_critic_text(found_critic)}, "
+            f"{expected['task']} has {_critic_text(expected_critic)}"
+        )
     if found["actions"]["names"] != expected["actions"]["names"]:
         return (
             f"actuators differ: the checkpoint has {', '.join(found['actions']['names'])}, "
@@ -124,10 +148,14 @@ def metadata_mismatch(found: dict[str, Any], expected: dict[str, Any]) -> str | 
 
 
 def check_metadata(path: str | Path, found: dict[str, Any] | None, expected: dict[str, Any], allow: bool) -> None:
-    """Raises ConfigError (one line) if the checkpoint was written for something else, unless `allow`."""
+    """Raises ConfigError (one line) if the checkpoint was written for something else, unless `allow`
+    (a policy memory that differs is refused even then: the networks differ)."""
+    where = f"load_from_ckpt_path={str(path)!r}"
+    memory_problem = memory_mismatch(found, expected) if isinstance(found, dict) else None
+    if memory_problem:
+        raise ConfigError(f"{where}: {memory_problem}")
     if allow:
         return
-    where = f"load_from_ckpt_path={str(path)!r}"
     if found is None:
         raise ConfigError(f"{where} has no metadata (written by an older ksim) {OVERRIDE_HINT}")
     missing = [key for key in ("task", "observations", "actions") if not isinstance(found, dict) or key not in found]

@@ -1,8 +1,12 @@
 """Export: the deterministic policy (mean action, observation normalisation included) as ONNX.
 
 `policy.onnx` maps a batch of raw observation vectors (float32, shape (batch, observation_size)) to
-actions (batch, action_size). `policy.json` beside it names the observation components in order, the
-actuators the action drives, the action scale, ctrl_dt, the task and the library versions.
+actions (batch, action_size). A policy with memory also takes its memory and returns the next one:
+`recurrent_state` (batch, recurrent_size) -> `next_recurrent_state` with `recurrent_size > 0`, then
+`past_observations` (batch, observation_history - 1, observation_size) -> `next_past_observations` with
+`observation_history > 1`. `policy.json` beside it names the observation components in order, the memory
+inputs with their reset rule, the actuators the action drives, the action scale, ctrl_dt, the task and the
+library versions.
 """
 
 from __future__ import annotations
@@ -29,6 +33,34 @@ class PolicyInput:
 
 
 @dataclass(frozen=True)
+class MemoryInput:
+    """One memory input of the ONNX policy: fed back from `output_name`, reset at every episode's start."""
+
+    input_name: str
+    output_name: str
+    shape: list[int]  # one robot's (the batch axis comes first)
+    reset: str
+
+
+RECURRENT_STATE = "recurrent_state"
+PAST_OBSERVATIONS = "past_observations"
+
+
+def memory_inputs(memory: dict[str, int], observation_size: int) -> list[MemoryInput]:
+    """The ONNX policy's memory inputs, in the order it takes them, for `memory` (observation_history,
+    recurrent_size)."""
+    inputs = []
+    if memory["recurrent_size"] > 0:
+        reset = "zeros at every episode's first step"
+        inputs.append(MemoryInput(RECURRENT_STATE, f"next_{RECURRENT_STATE}", [memory["recurrent_size"]], reset))
+    if memory["observation_history"] > 1:
+        shape = [memory["observation_history"] - 1, observation_size]
+        reset = "the episode's first observation in every row at its first step"
+        inputs.append(MemoryInput(PAST_OBSERVATIONS, f"next_{PAST_OBSERVATIONS}", shape, reset))
+    return inputs
+
+
+@dataclass(frozen=True)
 class PolicySpec:
     """What `policy.json` says: the ONNX file's input components and what its output means."""
 
@@ -45,6 +77,9 @@ class PolicySpec:
     output_name: str = OUTPUT_NAME
     format: str = SPEC_FORMAT
     checkpoint: str = ""
+    recurrent_size: int = 0
+    observation_history: int = 1
+    memory: list[MemoryInput] = field(default_factory=list)  # fed back step by step, in this order
     observation_size: int = field(init=False)
     action_size: int = field(init=False)
 
@@ -60,6 +95,7 @@ class PolicySpec:
         derived = {"observation_size", "action_size"}
         fields = {key: value for key, value in data.items() if key not in derived}
         fields["inputs"] = [PolicyInput(**item) for item in data["inputs"]]
+        fields["memory"] = [MemoryInput(**item) for item in data.get("memory", [])]
         return cls(**fields)
 
 
@@ -74,12 +110,15 @@ def load_policy_spec(path: str | Path) -> PolicySpec:
         raise ConfigError(f"{path} is not a ksim policy JSON ({error})") from None
 
 
-Policy = Callable[[jax.Array], jax.Array]  # a batch of raw observations -> a batch of actions
+# (a batch of raw observations, *memory) -> (a batch of actions, *next memory), memory as in `memory_inputs`
+Policy = Callable[..., tuple[jax.Array, ...]]
 
 
 def policy_spec(metadata: dict[str, Any], action_meaning: str, onnx_file: str, checkpoint: str = "") -> PolicySpec:
     """The JSON description of an exported policy, from its checkpoint metadata (task, observations, actions)."""
     actions = metadata["actions"]
+    memory = metadata.get("policy_memory", {"observation_history": 1, "recurrent_size": 0})
+    observation_size = sum(size for _, size in metadata["observations"])
     return PolicySpec(
         task=metadata["task"],
         onnx_file=onnx_file,
@@ -91,21 +130,25 @@ def policy_spec(metadata: dict[str, Any], action_meaning: str, onnx_file: str, c
         ctrl_dt=metadata["ctrl_dt"],
         versions=metadata["versions"],
         checkpoint=checkpoint,
+        recurrent_size=memory["recurrent_size"],
+        observation_history=memory["observation_history"],
+        memory=memory_inputs(memory, observation_size),
     )
 
 
-def to_onnx_model(policy: Callable[[jax.Array], jax.Array], observation_size: int) -> Any:
+def to_onnx_model(policy: Policy, spec: PolicySpec) -> Any:
     """Converts `policy` to an ONNX ModelProto with jax2onnx (a dynamic batch dimension)."""
     try:
         from jax2onnx import to_onnx
     except ImportError:
         raise ConfigError("mode='export' needs jax2onnx and onnx: pip install 'ksim[export]'") from None
+    shapes = [("batch", spec.observation_size), *(("batch", *item.shape) for item in spec.memory)]
     return to_onnx(
         policy,
-        [("batch", observation_size)],
+        shapes,
         model_name="ksim_policy",
-        input_names=[INPUT_NAME],
-        output_names=[OUTPUT_NAME],
+        input_names=[INPUT_NAME, *(item.input_name for item in spec.memory)],
+        output_names=[OUTPUT_NAME, *(item.output_name for item in spec.memory)],
     )
 
 
@@ -114,13 +157,13 @@ def export_policy(
 ) -> tuple[Path, Path]:
     """Writes `policy` to `path` (.onnx) and its description to the JSON beside it (same name, .json).
 
-    `metadata` is what a checkpoint says about its writer (its task, observation layout and actions);
-    returns both paths.
+    `metadata` is what a checkpoint says about its writer (its task, observation layout, actions and the
+    policy's memory); returns both paths.
     """
     onnx_path = Path(path)
     json_path = onnx_path.with_suffix(".json")
     spec = policy_spec(metadata, action_meaning, onnx_path.name, checkpoint)
-    model = to_onnx_model(policy, spec.observation_size)
+    model = to_onnx_model(policy, spec)
     onnx_path.parent.mkdir(parents=True, exist_ok=True)
     onnx_path.write_bytes(model.SerializeToString())
     json_path.write_text(spec.to_json() + "\n")

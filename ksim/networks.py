@@ -1,4 +1,9 @@
-"""Flax networks: an MLP actor with a state-independent Gaussian head and an MLP critic."""
+"""Flax networks: an actor with a state-independent Gaussian head and a critic, MLPs or GRU + MLP.
+
+`ActorCritic` is memoryless. `RecurrentActorCritic` puts a GRU of `recurrent_size` units in front of each
+MLP (observation -> GRU -> MLP): the actor and the critic each keep their own GRU state, stacked in one
+carry of shape (..., 2, recurrent_size) (index 0: the actor's, 1: the critic's).
+"""
 
 from __future__ import annotations
 
@@ -37,14 +42,50 @@ class ActorCritic(nn.Module):
         self.critic = MLP(self.critic_hidden, 1, out_scale=1.0)
         self.log_std = self.param("log_std", nn.initializers.constant(self.init_log_std), (self.action_dim,))
 
-    def __call__(self, obs: Array) -> tuple[Array, Array, Array]:
-        return (*self.policy(obs), self.value(obs))
+    def __call__(self, obs: Array, critic_obs: Array | None = None) -> tuple[Array, Array, Array]:
+        return (*self.policy(obs), self.value(obs if critic_obs is None else critic_obs))
 
     def policy(self, obs: Array) -> tuple[Array, Array]:
         return self.actor(obs), jnp.broadcast_to(self.log_std, (*obs.shape[:-1], self.action_dim))
 
     def value(self, obs: Array) -> Array:
         return self.critic(obs)[..., 0]
+
+
+ACTOR, CRITIC = 0, 1  # where each network's GRU state sits in a recurrent carry (..., 2, recurrent_size)
+
+
+class RecurrentActorCritic(nn.Module):
+    """One control step: `__call__(carry, obs, critic_obs) -> (carry, action_mean, action_log_std, value)`."""
+
+    action_dim: int
+    recurrent_size: int
+    actor_hidden: Sequence[int] = (256, 256)
+    critic_hidden: Sequence[int] = (256, 256)
+    init_log_std: float = -0.5
+
+    def setup(self) -> None:
+        self.actor_memory = nn.GRUCell(self.recurrent_size)
+        self.critic_memory = nn.GRUCell(self.recurrent_size)
+        self.actor = MLP(self.actor_hidden, self.action_dim, out_scale=0.01)
+        self.critic = MLP(self.critic_hidden, 1, out_scale=1.0)
+        self.log_std = self.param("log_std", nn.initializers.constant(self.init_log_std), (self.action_dim,))
+
+    def __call__(self, carry: Array, obs: Array, critic_obs: Array) -> tuple[Array, Array, Array, Array]:
+        actor_carry, mean, log_std = self.policy(carry[..., ACTOR, :], obs)
+        critic_carry, value = self.value(carry[..., CRITIC, :], critic_obs)
+        return jnp.stack([actor_carry, critic_carry], axis=-2), mean, log_std, value
+
+    def policy(self, actor_carry: Array, obs: Array) -> tuple[Array, Array, Array]:
+        """(the actor's next GRU state, action mean, action log std)."""
+        actor_carry, features = self.actor_memory(actor_carry, obs)
+        log_std = jnp.broadcast_to(self.log_std, (*obs.shape[:-1], self.action_dim))
+        return actor_carry, self.actor(features), log_std
+
+    def value(self, critic_carry: Array, critic_obs: Array) -> tuple[Array, Array]:
+        """(the critic's next GRU state, value)."""
+        critic_carry, features = self.critic_memory(critic_carry, critic_obs)
+        return critic_carry, self.critic(features)[..., 0]
 
 
 def gaussian_log_prob(action: Array, mean: Array, log_std: Array) -> Array:

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 
+import jax
+import jax.numpy as jnp
 import mujoco
 
 from examples.cartpole import DEFAULT_CONFIG, CartpoleConfig, CartpoleTask
@@ -13,8 +15,9 @@ from ksim import observations as obs
 from ksim import randomization as rnd
 from ksim import rewards as rew
 from ksim import terminations as term
-from ksim.actuators import Actuators, PositionActuators, PositionServoActuators
+from ksim.actuators import Actuators, PositionActuators, PositionServoActuators, TorqueActuators
 from ksim.commands import Command, VelocityCommand
+from ksim.engine import StepContext
 from ksim.events import Event, Push
 from ksim.resets import RandomJointPositions, Reset
 from ksim.task.distributed_ppo import DistributedPPOConfig, DistributedPPOTask
@@ -157,3 +160,115 @@ def ball_config(**overrides: Any) -> BallConfig:
 
 def distributed_ball_config(**overrides: Any) -> DistributedBallConfig:
     return DistributedBallConfig(**{**BALL, **overrides})
+
+
+# The memory task: a target in [-1, 1] is shown for the first two control steps only (then the observation
+# reads 0), and every step pays max(0, 1 - 2 |action - target|). Nothing else observed depends on the target,
+# so a memoryless policy cannot beat a constant action after the second step (1/4 per step on average).
+MEMORY_XML = """
+<mujoco>
+  <option timestep="0.05" iterations="1" ls_iterations="1" gravity="0 0 0"><flag contact="disable"/></option>
+  <worldbody>
+    <body name="cart"><joint name="x" type="slide" axis="1 0 0" damping="1"/><geom size="0.1" mass="1"/></body>
+  </worldbody>
+  <actuator><motor name="x" joint="x" ctrlrange="-1 1" ctrllimited="true"/></actuator>
+</mujoco>"""
+
+
+@dataclasses.dataclass(frozen=True)
+class Target(Command):
+    """A target in [-1, 1], drawn at the episode's start and kept (resample_s beyond any episode)."""
+
+    resample_s: tuple[float, float] = (1e6, 1e6)
+    size: ClassVar[int] = 1
+
+    def sample(self, rng: jax.Array) -> jax.Array:
+        return jax.random.uniform(rng, (1,), minval=-1.0, maxval=1.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class TargetAtFirst(obs.Observation):
+    """The target during the episode's first two control steps, 0 afterwards."""
+
+    command_size: ClassVar[int] = 1
+
+    def observe(self, ctx: StepContext) -> jax.Array:
+        return jnp.where(ctx.data.time < 1.5 * ctx.ctrl_dt, ctx.command[:1], 0.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class MatchTarget(rew.Reward):
+    command_size: ClassVar[int] = 1
+
+    def value(self, ctx: StepContext) -> jax.Array:
+        return jnp.maximum(0.0, 1.0 - 2.0 * jnp.abs(jnp.clip(ctx.action[0], -1.0, 1.0) - ctx.command[0]))
+
+
+@dataclasses.dataclass
+class MemoryConfig(PPOConfig):
+    noise: float = 0.0  # on the policy's observation
+    privileged_critic: bool = False  # the critic sees the target all episode long, unnoised
+
+
+class MemoryTask(PPOTask[MemoryConfig]):
+    def get_mujoco_model(self) -> mujoco.MjModel:
+        return mujoco.MjModel.from_xml_string(MEMORY_XML)
+
+    def get_observations(self) -> Sequence[obs.Observation]:
+        return [TargetAtFirst(noise=self.config.noise)]
+
+    def get_critic_observations(self) -> Sequence[obs.Observation] | None:
+        return [TargetAtFirst(), obs.Command()] if self.config.privileged_critic else None
+
+    def get_rewards(self) -> Sequence[rew.Reward]:
+        return [MatchTarget(scale=1.0)]
+
+    def get_terminations(self) -> Sequence[term.Termination]:
+        return []
+
+    def get_command(self) -> Command | None:
+        return Target()
+
+    def get_actuators(self) -> Actuators:
+        return TorqueActuators.from_model(self.engine.mj_model)
+
+
+@dataclasses.dataclass
+class DistributedMemoryConfig(MemoryConfig, DistributedPPOConfig):
+    pass
+
+
+class DistributedMemoryTask(MemoryTask, DistributedPPOTask[DistributedMemoryConfig]):
+    pass
+
+
+MEMORY_EPISODE_STEPS = 12
+MEMORY = {
+    "num_envs": 64,
+    "batch_size": 16,
+    "num_passes": 4,
+    "rollout_length_frames": MEMORY_EPISODE_STEPS,
+    "ctrl_dt": 0.05,
+    "dt": 0.05,
+    "episode_length_s": None,
+    "episode_length_steps": MEMORY_EPISODE_STEPS,
+    "num_steps": 60,
+    "learning_rate": 3e-3,
+    "gamma": 0.9,
+    "entropy_coef": 0.0,
+    "init_log_std": -1.0,
+    "actor_hidden": [32],
+    "critic_hidden": [32],
+    "save_every_n_steps": 0,
+    "eval_every_n_steps": 0,
+    "log_every_n_steps": 10,
+    "eval_episodes": 64,
+}
+
+
+def memory_config(**overrides: Any) -> MemoryConfig:
+    return MemoryConfig(**{**MEMORY, **overrides})
+
+
+def distributed_memory_config(**overrides: Any) -> DistributedMemoryConfig:
+    return DistributedMemoryConfig(**{**MEMORY, **overrides})

@@ -150,7 +150,7 @@ def test_checkpoints_move_between_device_counts_and_to_ppo_task(tmp_path: Path) 
     single = CartpoleTask(cartpole_config())
     contents = single.load_contents(ckpt)
     assert relative_error(contents["shared"], four.fetch_replicated(four_state.shared)) == 0
-    returns, _, _ = single.evaluate(contents["shared"], num_episodes=2)
+    returns = single.evaluate(contents["shared"], num_episodes=2).returns
     assert returns.shape == (2,)
 
     two = DistributedCartpoleTask(

@@ -51,7 +51,7 @@ def test_a_fresh_state_starts_every_env_at_its_first_step(task, state, step_shar
     env, transition = step_shard(state.shared, state.env)
     np.testing.assert_array_equal(env.episodes_started, 1)
     np.testing.assert_array_equal(env.current.episode_length, 1)
-    first = task.start_episode(jax.random.fold_in(state.env.reset_key[3], 0))  # env 3, episode 0
+    first = task.environment.start_episode(jax.random.fold_in(state.env.reset_key[3], 0))  # env 3, episode 0
     np.testing.assert_allclose(transition.trajectory.obs[3], first.obs, atol=1e-6)
 
 
@@ -79,7 +79,7 @@ def test_next_start_is_the_pooled_state_for_that_env_and_episode(task, state, ru
     np.testing.assert_array_equal(transition.trajectory.obs[0], ready.next_start.obs[0])  # no reset physics here
     assert not bool(next_env.next_start_ready[0]) and bool(np.all(next_env.next_start_ready[1:]))
     # The pooled start of env i, episode k, is a function of (env key, k) alone.
-    expected = task.start_episode(jax.random.fold_in(state.env.reset_key[0], 1))
+    expected = task.environment.start_episode(jax.random.fold_in(state.env.reset_key[0], 1))
     np.testing.assert_allclose(ready.next_start.data.qpos[0], expected.data.qpos, atol=1e-7)
 
 

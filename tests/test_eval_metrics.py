@@ -110,7 +110,7 @@ def puck_config(**overrides: object) -> PuckConfig:
 @pytest.mark.parametrize("with_command", [False, True])
 def test_speed_fall_rate_and_command_error_are_the_known_ones(with_command: bool) -> None:
     task = PuckTask(puck_config(with_command=with_command))
-    result = task.evaluation(task.init_train_state().shared)
+    result = task.evaluate(task.init_train_state().shared)
     fast = result.speed_x > (SLOW + FAST) / 2
     assert 0 < fast.sum() < len(fast)  # both kinds of episode occur
     np.testing.assert_allclose(result.speed_x, np.where(fast, FAST, SLOW), rtol=1e-4)

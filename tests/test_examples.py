@@ -90,5 +90,5 @@ def test_walking_presets_cpu_by_default_and_gpu_with_every_sim2real_component() 
     assert not cpu.randomizations and cpu.command is None and not cpu.events and CPU_CONFIG.num_envs == 128
     gpu = WalkingTask(GPU_CONFIG)
     assert len(gpu.randomizations) == 9 and gpu.command is not None and len(gpu.events) == 1
-    assert gpu.noisy_observations(deterministic=False) and GPU_CONFIG.action_delay_steps == 1
-    assert gpu.observation_layout()[-1] == ("Command", 3) and GPU_CONFIG.num_envs == 2048
+    assert gpu.environment.noisy_observations(deterministic=False) and GPU_CONFIG.action_delay_steps == 1
+    assert gpu.environment.observation_layout()[-1] == ("Command", 3) and GPU_CONFIG.num_envs == 2048

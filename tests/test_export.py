@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import onnxruntime as ort
 import pytest
@@ -50,8 +51,8 @@ def recorded_observations(exported: tuple) -> np.ndarray:
 
 
 def jax_actions(task: CartpoleTask, contents: dict, observations: np.ndarray) -> np.ndarray:
-    policy = jax.vmap(lambda obs: task.sample_action(contents["shared"], obs, jax.random.PRNGKey(0), True))
-    return np.asarray(policy(observations))
+    (actions,) = task.deterministic_step(contents["shared"])(jnp.asarray(observations))
+    return np.asarray(actions)
 
 
 def test_onnx_policy_matches_the_jax_deterministic_policy(exported: tuple, recorded_observations: np.ndarray) -> None:

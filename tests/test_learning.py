@@ -20,7 +20,7 @@ THRESHOLD = 450.0
 
 def learned_return(task: CartpoleTask) -> float:
     state = task.run()
-    returns, _, _ = task.evaluate(task.fetch_replicated(state.shared), num_episodes=16)
+    returns = task.evaluate(task.fetch_replicated(state.shared), num_episodes=16).returns
     return float(np.mean(returns))
 
 

@@ -4,10 +4,12 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
-from ksim.networks import ActorCritic, gaussian_entropy, gaussian_log_prob
-from ksim.task.ppo import PPOBatch, PPOConfig, compute_gae, ppo_loss
+from ksim.networks import ActorCritic, RecurrentActorCritic, gaussian_entropy, gaussian_log_prob
+from ksim.task.memory import episode_starts, unroll
+from ksim.task.ppo import PPOBatch, PPOConfig, compute_gae, ppo_loss, ppo_minibatch_update
 
 
 def numpy_gae(reward, value, next_value, terminated, truncated, gamma, lam):
@@ -110,3 +112,44 @@ def test_gaussian_helpers_match_closed_forms() -> None:
     )
     assert gaussian_entropy(log_std).shape == (1,)
     assert isinstance(ActorCritic(action_dim=1), nn.Module)
+
+
+def random_batch(model: nn.Module, params: object, obs: np.ndarray, rng: np.random.Generator) -> PPOBatch:
+    mean, _, value = (np.asarray(x) for x in model.apply(params, jnp.asarray(obs)))
+    action = (mean + rng.normal(size=mean.shape)).astype(np.float32)
+    old_log_prob = rng.normal(size=value.shape).astype(np.float32)
+    returns = rng.normal(size=value.shape).astype(np.float32)
+    advantage = rng.normal(size=value.shape).astype(np.float32)
+    return PPOBatch(*(jnp.asarray(x) for x in (obs, action, old_log_prob, value, advantage, returns)))
+
+
+def test_minibatch_update_needs_no_task_and_lowers_the_loss() -> None:
+    config = PPOConfig(value_clip_eps=0.0, max_grad_norm=0.0)
+    model = ActorCritic(action_dim=2, actor_hidden=(8,), critic_hidden=(8,))
+    rng = np.random.default_rng(3)
+    obs = rng.normal(size=(4, 6, 5)).astype(np.float32)
+    params = model.init(jax.random.PRNGKey(0), jnp.asarray(obs))
+    batch = random_batch(model, params, obs, rng)
+    optimizer = optax.sgd(1e-2)
+    new_params, _, metrics = ppo_minibatch_update(model, optimizer, config, params, optimizer.init(params), batch)
+    before, _ = ppo_loss(model, params, batch, config, batch.advantage)
+    after, _ = ppo_loss(model, new_params, batch, config, batch.advantage)
+    np.testing.assert_allclose(metrics["loss"], before, rtol=1e-6)
+    assert float(after) < float(before) and float(metrics["local_grad_norm"]) > 0
+
+
+def test_replay_restarts_the_gru_where_an_episode_starts() -> None:
+    model = RecurrentActorCritic(action_dim=2, recurrent_size=4, actor_hidden=(8,), critic_hidden=(8,))
+    obs = jax.random.normal(jax.random.PRNGKey(1), (7, 3, 5))  # time-major: 7 steps of 3 envs
+    params = model.init(jax.random.PRNGKey(0), jnp.zeros((1, 2, 4)), obs[0], obs[0])
+    carry = jax.random.normal(jax.random.PRNGKey(2), (3, 2, 4))  # the state before step 0
+
+    def step(carry: jax.Array, obs: jax.Array, critic_obs: jax.Array) -> tuple:
+        return model.apply(params, carry, obs, critic_obs)
+
+    done = jnp.zeros((7, 3), bool).at[2, 1].set(True)  # env 1's episode ends at step 2: a new one at step 3
+    mean, _, value, _ = unroll(step, carry, obs, obs, episode_starts(done))
+    tail_mean, _, tail_value, _ = unroll(step, jnp.zeros((3, 2, 4)), obs[3:], obs[3:], jnp.zeros((4, 3), bool))
+    np.testing.assert_allclose(mean[3:, 1], tail_mean[:, 1], atol=1e-6)
+    np.testing.assert_allclose(value[3:, 1], tail_value[:, 1], atol=1e-6)
+    assert np.abs(mean[3:, 0] - tail_mean[:, 0]).max() > 1e-4  # the others carry on from their state

@@ -80,7 +80,7 @@ def test_quadruped_moves_forward_after_a_short_training(tmp_path: Path) -> None:
     }
     task = QuadrupedTask(dataclasses.replace(DEFAULT_CONFIG, run_dir=str(tmp_path), **settings))
     state = task.run()
-    result = task.evaluation(task.fetch_replicated(state.shared))
+    result = task.evaluate(task.fetch_replicated(state.shared))
     speed, fall_rate = float(np.mean(result.speed_x)), float(np.mean(result.fell))
     print(f"quadruped after {NUM_STEPS} train steps: base speed {speed:.2f} m/s, fall rate {fall_rate:.2f}")
     assert speed > SPEED_BAR and fall_rate < 1.0

@@ -33,7 +33,9 @@ def task() -> BallTask:
 def starts(task: BallTask) -> list[Episode]:
     """Episodes 0 and 1 of 8 envs, as the env pool draws them: key fold_in(env key, episode)."""
     env_keys = jax.random.split(jax.random.PRNGKey(3), NUM_ENVS)
-    start = jax.jit(jax.vmap(lambda key, index: task.start_episode(jax.random.fold_in(key, index)), (0, None)))
+    start = jax.jit(
+        jax.vmap(lambda key, index: task.environment.start_episode(jax.random.fold_in(key, index)), (0, None))
+    )
     return [jax.device_get(start(env_keys, index)) for index in (0, 1)]
 
 
@@ -141,9 +143,11 @@ def test_command_is_redrawn_only_when_its_timer_runs_out() -> None:
 
 
 def test_observation_noise_is_on_in_training_only_unless_asked_for_in_evaluation(task: BallTask) -> None:
-    assert task.noisy_observations(deterministic=False) and not task.noisy_observations(deterministic=True)
+    assert task.environment.noisy_observations(deterministic=False) and not task.environment.noisy_observations(
+        deterministic=True
+    )
     evaluated_with_noise = BallTask(ball_config(eval_observation_noise=True))
-    assert evaluated_with_noise.noisy_observations(deterministic=True)
+    assert evaluated_with_noise.environment.noisy_observations(deterministic=True)
     # JointPosition (1, Gaussian), JointVelocity (1, uniform), then none
     gaussian, uniform = task.environment.noise_scales
     np.testing.assert_allclose(gaussian, [0.05, 0, 0, 0, 0, 0, 0, 0])

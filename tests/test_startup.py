@@ -49,7 +49,7 @@ def test_pooled_starts_are_the_same_on_any_device_count(one_device: tuple, num_d
 def test_evaluation_stops_when_every_episode_has_ended() -> None:
     task = CartpoleTask(cartpole_config(eval_episodes=4))
     state = task.init_train_state()
-    stats, qpos, steps = jax.device_get(task._eval_program(*task.eval_inputs(state.shared)))
+    stats, qpos, steps = jax.device_get(task.evaluator.program(*task.evaluator.inputs(state.shared)))
     returns, lengths = stats.returns, stats.lengths
     assert task.max_episode_steps == 500
     assert int(steps) == int(np.max(lengths)) < 500  # the untrained policy drops the pole long before 10 s

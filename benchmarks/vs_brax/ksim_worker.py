@@ -69,7 +69,9 @@ def main() -> None:
     steps_per_chunk = chunk * task.env_steps_per_train_step
     steady = statistics.median(steps_per_chunk / (b - a) for a, b in itertools.pairwise(marks))
     cpu_per_chunk = statistics.median(b - a for a, b in itertools.pairwise(cpu_marks))
-    returns, _, _ = task.evaluate(task.fetch_replicated(state.shared), settings["eval_episodes"], settings["seed"] + 1)
+    returns = task.evaluate(
+        task.fetch_replicated(state.shared), settings["eval_episodes"], settings["seed"] + 1
+    ).returns
     result = {
         "steady_sps": steady,
         "compile_s": marks[-1] - start - len(marks) * steps_per_chunk / steady,

@@ -17,7 +17,7 @@ from omegaconf import OmegaConf
 
 from ksim import mjx_contract
 from ksim.actuators import Actuators
-from ksim.checkpoint import METADATA_FORMAT, load_checkpoint, prune_checkpoints, save_checkpoint
+from ksim.checkpoint import MEMORYLESS, METADATA_FORMAT, load_checkpoint, prune_checkpoints, save_checkpoint
 from ksim.task.types import RLConfig, SharedState
 
 Array = jax.Array
@@ -62,14 +62,19 @@ def checkpoint_metadata(
     config: RLConfig,
     observation_layout: list[tuple[str, int]],
     actions: dict[str, Any],
+    critic_layout: list[tuple[str, int]] | None = None,
+    memory: dict[str, int] | None = None,
 ) -> dict[str, Any]:
-    """What a checkpoint says about its writer; loading compares the task and the layouts."""
+    """What a checkpoint says about its writer; loading compares the task, the layouts and the policy's
+    memory. `critic_layout`: the critic's own observations (None: it reads the actor's)."""
     return {
         "format": METADATA_FORMAT,
         "task": task_name,
         "task_classes": user_classes(task_type),
         "config": OmegaConf.to_yaml(OmegaConf.structured(config)),
         "observations": [[name, size] for name, size in observation_layout],
+        "critic_observations": None if critic_layout is None else [[name, size] for name, size in critic_layout],
+        "policy_memory": memory or dict(MEMORYLESS),
         "actions": actions,
         "ctrl_dt": float(config.ctrl_dt),
         "versions": library_versions(),

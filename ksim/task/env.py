@@ -9,9 +9,8 @@ field has a leading env axis there and pmap shards it with the envs.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import jax
 import jax.numpy as jnp
@@ -26,13 +25,32 @@ from ksim.randomization import Randomization, Randomized, sample_randomizations
 from ksim.reporting import unique_names
 from ksim.resets import Reset
 from ksim.rewards import Reward
-from ksim.task.types import Episode, Trajectory, Transition
+from ksim.task.types import Episode, PolicyOutput, PolicyState, Trajectory, Transition
 from ksim.terminations import Termination, physics_diverged
 
 Array = jax.Array
-# The policy: (shared state, one env's observation, a key, deterministic) -> action. The shared state is the
-# learner's (parameters, normaliser); this module passes it through without looking inside.
-Policy = Callable[[Any, Array, Array, bool], Array]
+
+
+class Policy(Protocol):
+    """What acts in an env. The shared state is the learner's (parameters, normalisers); this module passes
+    it and the per-env policy state through without looking inside."""
+
+    def initial_policy_state(self) -> PolicyState:
+        """One env's policy state at the start of every episode."""
+        ...
+
+    def act(
+        self,
+        shared: Any,
+        state: PolicyState,
+        obs: Array,
+        critic_obs: Array,
+        first: Array,
+        rng: Array,
+        deterministic: bool,
+    ) -> PolicyOutput:
+        """One env's action from its (noised) observation frame; `first`: the episode's first step."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -48,6 +66,7 @@ class Components:
     command: Command | None
     events: tuple[Event, ...]
     actuators: Actuators
+    critic_observations: tuple[Observation, ...] | None = None  # None: the critic reads the actor's input
 
     @functools.cached_property
     def reward_names(self) -> list[str]:
@@ -76,6 +95,13 @@ class Environment:
     def observe(self, ctx: StepContext) -> Array:
         return jnp.concatenate([jnp.ravel(obs.observe(ctx)) for obs in self.components.observations])
 
+    def observe_critic(self, ctx: StepContext) -> Array:
+        """The critic's own observations (never noised); empty without a critic group."""
+        group = self.components.critic_observations
+        if group is None:
+            return jnp.zeros(0)
+        return jnp.concatenate([jnp.ravel(obs.observe(ctx)) for obs in group])
+
     @functools.cached_property
     def noise_scales(self) -> tuple[np.ndarray, np.ndarray]:
         return noise_scales(self.components.observations, self.observation_sizes)
@@ -85,35 +111,46 @@ class Environment:
         """One trace of an episode start: the shapes of its state and of each observation component."""
 
         def start(rng: Array) -> tuple[Episode, list[Array]]:
-            episode = self.start_episode(rng)
+            # No policy state here: its shape depends on the observations' (the policy's memory holds frames).
+            episode = self.start_episode(rng, PolicyState(jnp.zeros((0, 0)), jnp.zeros((2, 0))))
             data, no_action = episode.data, episode.last_action
             ctx = self.engine.context(data, data, no_action, no_action, data.ctrl, episode.command)
-            return episode, [jnp.ravel(obs.observe(ctx)) for obs in self.components.observations]
+            critic_group = self.components.critic_observations or ()
+            return episode, [jnp.ravel(obs.observe(ctx)) for obs in (*self.components.observations, *critic_group)]
 
         return jax.eval_shape(start, jax.random.PRNGKey(0))
 
     @property
     def episode_shape(self) -> Episode:
         """One env's `Episode` as shapes and dtypes (`jax.ShapeDtypeStruct` leaves)."""
-        return self._start_shapes[0]
+        return self._start_shapes[0].replace(policy_state=jax.eval_shape(self.policy.initial_policy_state))
 
     @property
     def observation_sizes(self) -> list[int]:
         """The size of each observation component, in the order they fill the observation vector."""
-        return [int(shape.size) for shape in self._start_shapes[1]]
+        return [int(shape.size) for shape in self._start_shapes[1][: len(self.components.observations)]]
 
     def observation_layout(self) -> list[tuple[str, int]]:
         """(name, size) of each observation component, in the order they fill the observation vector."""
         names = unique_names([obs.name for obs in self.components.observations])
         return list(zip(names, self.observation_sizes, strict=True))
 
+    def critic_observation_layout(self) -> list[tuple[str, int]] | None:
+        """(name, size) of each of the critic's own observations; None: the critic reads the actor's input."""
+        group = self.components.critic_observations
+        if group is None:
+            return None
+        sizes = [int(shape.size) for shape in self._start_shapes[1][len(self.components.observations) :]]
+        return list(zip(unique_names([obs.name for obs in group]), sizes, strict=True))
+
     def noisy_observations(self, deterministic: bool) -> bool:
         """Noise goes into training rollouts; into evaluation only with eval_observation_noise."""
         has_noise = any(obs.noise > 0 for obs in self.components.observations)
         return has_noise and (not deterministic or self.settings.eval_observation_noise)
 
-    def start_episode(self, rng: Array) -> Episode:
-        """A new episode of one env: default pose perturbed by the task's resets, model randomized, a command."""
+    def start_episode(self, rng: Array, policy_state: PolicyState | None = None) -> Episode:
+        """A new episode of one env: default pose perturbed by the task's resets, model randomized, a command,
+        the policy's initial state (unless `policy_state` is given)."""
         engine, parts, ctrl_dt = self.engine, self.components, self.settings.ctrl_dt
         randomize_key, command_key, event_key = jax.random.split(jax.random.fold_in(rng, 1), 3)
         rng, *reset_keys = jax.random.split(rng, len(parts.resets) + 1)
@@ -127,10 +164,12 @@ class Environment:
         data = engine.make_data(qpos, qvel, randomized.model_fields)
         no_action = jnp.zeros(engine.action_dim)
         command, command_timer = start_command(parts.command, command_key, ctrl_dt)
-        obs = self.observe(engine.context(data, data, no_action, no_action, data.ctrl, command))
+        ctx = engine.context(data, data, no_action, no_action, data.ctrl, command)
         return Episode(
             data=data,
-            obs=obs,
+            obs=self.observe(ctx),
+            critic_obs=self.observe_critic(ctx),
+            policy_state=self.policy.initial_policy_state() if policy_state is None else policy_state,
             last_action=no_action,
             episode_return=jnp.zeros(()),
             episode_length=jnp.zeros((), jnp.int32),
@@ -152,7 +191,11 @@ class Environment:
             if self.noisy_observations(deterministic)
             else episode.obs
         )
-        action = self.policy(shared, obs, action_key, deterministic)
+        first = episode.episode_length == 0
+        chosen = self.policy.act(
+            shared, episode.policy_state, obs, episode.critic_obs, first, action_key, deterministic
+        )
+        action = chosen.action
         applied, action_queue = delay_action(episode.action_queue, action)
         data, event_timers = run_events(
             parts.events, episode.data, episode.event_timers, engine.layout, event_key, ctrl_dt
@@ -167,6 +210,7 @@ class Environment:
             parts.command, episode.command, episode.command_timer, command_key, ctrl_dt
         )
         next_obs = jnp.where(diverged, 0.0, self.observe(ctx.replace(command=command)))
+        next_critic_obs = jnp.where(diverged, 0.0, self.observe_critic(ctx.replace(command=command)))
         reward_terms = {name: reward(ctx) for name, reward in zip(parts.reward_names, parts.rewards, strict=True)}
         reward = jnp.where(diverged, 0.0, sum(reward_terms.values(), jnp.zeros(())))
         terminated = functools.reduce(jnp.logical_or, (t.terminated(ctx) for t in parts.terminations), diverged)
@@ -176,6 +220,8 @@ class Environment:
         stepped = episode.replace(
             data=data,
             obs=next_obs,
+            critic_obs=next_critic_obs,
+            policy_state=chosen.state,
             last_action=action,
             episode_return=episode_return,
             episode_length=episode_length,
@@ -185,5 +231,16 @@ class Environment:
             event_timers=event_timers,
             action_queue=action_queue,
         )
-        trajectory = Trajectory(obs, next_obs, action, reward, terminated, truncated)
+        trajectory = Trajectory(
+            obs=chosen.obs,
+            next_obs=next_obs,
+            action=action,
+            reward=reward,
+            terminated=terminated,
+            truncated=truncated,
+            log_prob=chosen.log_prob,
+            critic_obs=episode.critic_obs,
+            next_critic_obs=next_critic_obs,
+            carry=chosen.carry,
+        )
         return stepped, Transition(trajectory, episode_return, episode_length, reward_terms)

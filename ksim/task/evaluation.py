@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import mujoco
 import numpy as np
 from flax import struct
 
@@ -20,7 +22,7 @@ from ksim.commands import Command, VelocityCommand
 from ksim.engine import StepContext
 from ksim.rewards import heading_velocity
 from ksim.task.env import Environment
-from ksim.task.types import Episode
+from ksim.task.types import Episode, RLConfig
 
 Array = jax.Array
 EvalProgram = Callable[[Any, Array], tuple["EpisodeStats", Array, Array]]  # (shared, env keys) -> stats, qpos, steps
@@ -169,6 +171,19 @@ class Evaluator:
             stats.command_error_sum / steps if tracking else None,
             first_episode(qpos, stats.lengths),
         )
+
+
+def report_evaluation(task_name: str, result: EvalResult, mj_model: mujoco.MjModel, config: RLConfig) -> Path | None:
+    """What `mode=eval` shows: the summary line, and env 0's first episode as a video with video_path (its path)."""
+    print(eval_line(task_name, result), flush=True)
+    if not config.video_path:
+        return None
+    from ksim.render import write_video
+
+    size = (config.video_width, config.video_height)
+    path = write_video(mj_model, result.qpos, config.ctrl_dt, config.video_path, size, config.geom_groups)
+    print(f"wrote {path}", flush=True)
+    return path
 
 
 def eval_line(task_name: str, result: EvalResult) -> str:

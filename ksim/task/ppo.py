@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
@@ -13,9 +14,10 @@ import xax
 from flax import struct
 
 from ksim.config import ConfigError, require_non_negative, require_positive
-from ksim.networks import ActorCritic, gaussian_entropy, gaussian_log_prob
+from ksim.networks import ACTOR, CRITIC, ActorCritic, RecurrentActorCritic, gaussian_entropy, gaussian_log_prob
+from ksim.task.memory import PolicyMemory, episode_starts, unroll
 from ksim.task.rl import Metrics, RLConfig, RLTask, SharedState
-from ksim.task.types import Trajectory
+from ksim.task.types import PolicyOutput, PolicyState, Trajectory
 
 Array = jax.Array
 
@@ -34,20 +36,29 @@ class PPOConfig(RLConfig):
     actor_hidden: list[int] = xax.field(lambda: [256, 256], help="Actor MLP hidden sizes.")
     critic_hidden: list[int] = xax.field(lambda: [256, 256], help="Critic MLP hidden sizes.")
     init_log_std: float = xax.field(-0.5, help="Initial log standard deviation of the Gaussian policy.")
+    recurrent_size: int = xax.field(
+        0, help="GRU units in front of the actor's and the critic's MLP (0: MLPs only, no recurrent state)."
+    )
+    observation_history: int = xax.field(
+        1, help="Observation frames the policy sees, the newest last (1: the current one only)."
+    )
 
 
 PPOConfigT = TypeVar("PPOConfigT", bound=PPOConfig)
 
 
 class PPOBatch(struct.PyTreeNode):
-    """Env-major training data: leaves are (num_envs, rollout_length, ...)."""
+    """Env-major training data: leaves are (num_envs, rollout_length, ...), but `carry` (num_envs, 2, N)."""
 
-    obs: Array
+    obs: Array  # the actor's normalised input
     action: Array
     log_prob: Array
     value: Array
     advantage: Array
     returns: Array
+    critic_obs: Array | None = None  # the critic's own normalised input (None: it reads `obs`)
+    carry: Array | None = None  # recurrent policies: the GRU states before the rollout's first step
+    starts: Array | None = None  # recurrent policies: where an episode starts inside the rollout
 
 
 def compute_gae(
@@ -75,11 +86,29 @@ def compute_gae(
     return advantage, advantage + value
 
 
+def network_outputs(model: nn.Module, params: Any, batch: PPOBatch) -> tuple[Array, Array, Array]:
+    """(action mean, action log std, value) of every step of the batch's env-major trajectories; a recurrent
+    model replays each from its recorded carry (truncated backpropagation through the rollout)."""
+    if isinstance(model, RecurrentActorCritic):
+        assert batch.carry is not None and batch.starts is not None, "a recurrent batch records carry and starts"
+        critic_obs = batch.obs if batch.critic_obs is None else batch.critic_obs
+        time_major = [jnp.swapaxes(x, 0, 1) for x in (batch.obs, critic_obs, batch.starts)]
+
+        def step(carry: Array, obs: Array, critic_obs: Array) -> tuple[Array, Array, Array, Array]:
+            return cast(tuple[Array, Array, Array, Array], model.apply(params, carry, obs, critic_obs))
+
+        mean, log_std, value, _ = unroll(step, batch.carry, *time_major)
+        return jnp.swapaxes(mean, 0, 1), jnp.swapaxes(log_std, 0, 1), jnp.swapaxes(value, 0, 1)
+    if batch.critic_obs is None:
+        return cast(tuple[Array, Array, Array], model.apply(params, batch.obs))
+    return cast(tuple[Array, Array, Array], model.apply(params, batch.obs, batch.critic_obs))
+
+
 def ppo_loss(
     model: nn.Module, params: Any, batch: PPOBatch, config: PPOConfig, advantage: Array
 ) -> tuple[Array, Metrics]:
     """Clipped surrogate + clipped value loss - entropy bonus, on one minibatch."""
-    mean, log_std, value = cast(tuple[Array, Array, Array], model.apply(params, batch.obs))
+    mean, log_std, value = network_outputs(model, params, batch)
     log_ratio = gaussian_log_prob(batch.action, mean, log_std) - batch.log_prob
     ratio = jnp.exp(log_ratio)
     clipped_ratio = jnp.clip(ratio, 1.0 - config.clip_eps, 1.0 + config.clip_eps)
@@ -102,25 +131,70 @@ def ppo_loss(
     return loss, metrics
 
 
+def identity(tree: Any) -> Any:
+    return tree
+
+
+def ppo_minibatch_update(
+    model: nn.Module,
+    optimizer: optax.GradientTransformation,
+    config: PPOConfig,
+    params: Any,
+    opt_state: Any,
+    minibatch: PPOBatch,
+    normalize_advantage: Callable[[Array], Array] = identity,
+    sync_gradients: Callable[[Any], Any] = identity,
+) -> tuple[Any, Any, Metrics]:
+    """One optimizer step on one minibatch: the PPO loss's gradient (`sync_gradients`: averaged over devices
+    where the caller needs it), then the optimizer. Returns the new params, optimizer state and metrics."""
+    advantage = normalize_advantage(minibatch.advantage)
+    grads, metrics = jax.grad(lambda p: ppo_loss(model, p, minibatch, config, advantage), has_aux=True)(params)
+    metrics["local_grad_norm"] = optax.tree.norm(grads)
+    grads = sync_gradients(grads)
+    updates, opt_state = optimizer.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state, metrics
+
+
 class PPOTask(RLTask[PPOConfigT]):
     """PPO on an RLTask: subclasses add only the robot (model file and components)."""
 
     def validate_config(self) -> None:
         super().validate_config()
         config = self.config
-        require_positive(config, "learning_rate", "clip_eps")
-        require_non_negative(config, "max_grad_norm", "value_clip_eps", "entropy_coef", "value_coef")
+        require_positive(config, "learning_rate", "clip_eps", "observation_history")
+        require_non_negative(config, "max_grad_norm", "value_clip_eps", "entropy_coef", "value_coef", "recurrent_size")
         for name in ("gamma", "gae_lambda"):
             if not 0.0 <= getattr(config, name) <= 1.0:
                 raise ConfigError(f"{name}={getattr(config, name)} must be in [0, 1]")
 
+    @property
+    def recurrent(self) -> bool:
+        return self.config.recurrent_size > 0
+
+    @property
+    def memory(self) -> PolicyMemory:
+        return PolicyMemory(self.config.observation_history, self.config.recurrent_size, self.observation_dim)
+
+    def memory_settings(self) -> dict[str, int]:
+        return {"observation_history": self.config.observation_history, "recurrent_size": self.config.recurrent_size}
+
     def get_model(self) -> nn.Module:
-        return ActorCritic(
-            action_dim=self.engine.action_dim,
-            actor_hidden=tuple(self.config.actor_hidden),
-            critic_hidden=tuple(self.config.critic_hidden),
-            init_log_std=self.config.init_log_std,
-        )
+        config = self.config
+        actor_hidden, critic_hidden = tuple(config.actor_hidden), tuple(config.critic_hidden)
+        if self.recurrent:
+            return RecurrentActorCritic(
+                self.engine.action_dim, config.recurrent_size, actor_hidden, critic_hidden, config.init_log_std
+            )
+        return ActorCritic(self.engine.action_dim, actor_hidden, critic_hidden, config.init_log_std)
+
+    def init_params(self, rng: Array) -> Any:
+        obs = jnp.zeros((1, self.memory.input_size))
+        critic_obs = jnp.zeros((1, self.critic_observation_dim)) if self.critic_observations is not None else obs
+        if self.recurrent:
+            return self.model.init(rng, jnp.zeros((1, 2, self.config.recurrent_size)), obs, critic_obs)
+        if self.critic_observations is None:
+            return self.model.init(rng, obs)
+        return self.model.init(rng, obs, critic_obs)
 
     def get_optimizer(self) -> optax.GradientTransformation:
         adam = optax.adam(self.config.learning_rate)
@@ -129,25 +203,92 @@ class PPOTask(RLTask[PPOConfigT]):
         return optax.chain(optax.clip_by_global_norm(self.config.max_grad_norm), adam)
 
     def normalize_obs(self, shared: SharedState, obs: Array) -> Array:
-        return shared.normalizer.normalize(obs) if self.config.normalize_observations else obs
+        """The actor's input, each of its observation_history frames with the same statistics."""
+        if not self.config.normalize_observations:
+            return obs
+        if self.config.observation_history == 1:
+            return shared.normalizer.normalize(obs)
+        frames = obs.reshape(*obs.shape[:-1], self.config.observation_history, self.observation_dim)
+        return shared.normalizer.normalize(frames).reshape(obs.shape)
 
-    def sample_action(self, shared: SharedState, obs: Array, rng: Array, deterministic: bool = False) -> Array:
-        obs = self.normalize_obs(shared, obs)
-        mean, log_std = cast(tuple[Array, Array], self.model.apply(shared.params, obs, method=ActorCritic.policy))
-        if deterministic:
-            return mean
-        return mean + jnp.exp(log_std) * jax.random.normal(rng, mean.shape)
+    def critic_input(self, shared: SharedState, critic_obs: Array, actor_input: Array) -> Array:
+        """The critic's normalised input: its own observations, or else the actor's (normalised) input."""
+        if self.critic_observations is None:
+            return actor_input
+        return shared.critic_normalizer.normalize(critic_obs) if self.config.normalize_observations else critic_obs
+
+    def initial_policy_state(self) -> PolicyState:
+        return self.memory.initial_state()
+
+    def act(
+        self,
+        shared: SharedState,
+        state: PolicyState,
+        obs: Array,
+        critic_obs: Array,
+        first: Array,
+        rng: Array,
+        deterministic: bool = False,
+    ) -> PolicyOutput:
+        """The Gaussian policy's action (its mean when `deterministic`); a recurrent critic steps along in
+        training rollouts so that the update can replay both from the rollout's start. Works on one env and
+        on a batch (leading axes on every argument but `shared`)."""
+        memory = self.memory
+        network_input = memory.network_input(state, obs, first)
+        normalized = self.normalize_obs(shared, network_input)
+        carry = state.carry
+        if self.recurrent:
+            model = self.model
+            actor_carry, mean, log_std = cast(
+                tuple[Array, Array, Array],
+                model.apply(shared.params, carry[..., ACTOR, :], normalized, method=RecurrentActorCritic.policy),
+            )
+            critic_carry = carry[..., CRITIC, :]
+            if not deterministic:
+                critic_in = self.critic_input(shared, critic_obs, normalized)
+                critic_carry, _ = model.apply(shared.params, critic_carry, critic_in, method=RecurrentActorCritic.value)
+            carry = jnp.stack([actor_carry, critic_carry], axis=-2)
+        else:
+            mean, log_std = cast(
+                tuple[Array, Array], self.model.apply(shared.params, normalized, method=ActorCritic.policy)
+            )
+        action = mean if deterministic else mean + jnp.exp(log_std) * jax.random.normal(rng, mean.shape)
+        next_state = PolicyState(past_frames=memory.past_frames(network_input), carry=carry)
+        return PolicyOutput(action, gaussian_log_prob(action, mean, log_std), next_state, network_input, state.carry)
 
     def sync_gradients(self, grads: Any) -> Any:
         """Hook before the optimizer step; DistributedPPOTask averages gradients over devices here."""
         return grads
 
+    def replay_rollout(self, shared: SharedState, trajectory: Trajectory) -> tuple[Array, Array, Array, Array]:
+        """Time-major (action mean, action log std, value, next value) under the rollout's params."""
+        params = shared.params
+        obs = self.normalize_obs(shared, trajectory.obs)
+        next_obs = self.normalize_obs(shared, self.memory.next_input(trajectory.obs, trajectory.next_obs))
+        critic_obs = self.critic_input(shared, trajectory.critic_obs, obs)
+        next_critic_obs = self.critic_input(shared, trajectory.next_critic_obs, next_obs)
+        if self.recurrent:
+            starts = episode_starts(trajectory.terminated | trajectory.truncated)
+
+            def step(carry: Array, obs: Array, critic_obs: Array) -> tuple[Array, Array, Array, Array]:
+                return cast(tuple[Array, Array, Array, Array], self.model.apply(params, carry, obs, critic_obs))
+
+            mean, log_std, value, carries = unroll(step, trajectory.carry[0], obs, critic_obs, starts)
+            # The next state's value continues the same episode: one more critic step from the carry after t.
+            _, next_value = self.model.apply(
+                params, carries[..., CRITIC, :], next_critic_obs, method=RecurrentActorCritic.value
+            )
+            return mean, log_std, value, cast(Array, next_value)
+        if self.critic_observations is None:
+            mean, log_std, value = cast(tuple[Array, Array, Array], self.model.apply(params, obs))
+        else:
+            mean, log_std, value = cast(tuple[Array, Array, Array], self.model.apply(params, obs, critic_obs))
+        next_value = cast(Array, self.model.apply(params, next_critic_obs, method=ActorCritic.value))
+        return mean, log_std, value, next_value
+
     def prepare_batch(self, shared: SharedState, trajectory: Trajectory) -> PPOBatch:
         """Log-probs, values and GAE under the rollout's params, reordered env-major."""
-        obs = self.normalize_obs(shared, trajectory.obs)
-        mean, log_std, value = cast(tuple[Array, Array, Array], self.model.apply(shared.params, obs))
-        next_obs = self.normalize_obs(shared, trajectory.next_obs)
-        next_value = cast(Array, self.model.apply(shared.params, next_obs, method=ActorCritic.value))
+        mean, log_std, value, next_value = self.replay_rollout(shared, trajectory)
         done = trajectory.terminated | trajectory.truncated
         advantage, returns = compute_gae(
             trajectory.reward,
@@ -159,8 +300,20 @@ class PPOTask(RLTask[PPOConfigT]):
             self.config.gae_lambda,
         )
         log_prob = gaussian_log_prob(trajectory.action, mean, log_std)
-        batch = PPOBatch(obs, trajectory.action, log_prob, value, advantage, returns)
-        return jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), batch)
+        obs = self.normalize_obs(shared, trajectory.obs)
+        own_critic_obs = self.critic_observations is not None
+        batch = PPOBatch(
+            obs=obs,
+            action=trajectory.action,
+            log_prob=log_prob,
+            value=value,
+            advantage=advantage,
+            returns=returns,
+            critic_obs=self.critic_input(shared, trajectory.critic_obs, obs) if own_critic_obs else None,
+            starts=episode_starts(done) if self.recurrent else None,
+        )
+        batch = jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), batch)
+        return batch.replace(carry=trajectory.carry[0] if self.recurrent else None)
 
     def normalize_advantage(self, advantage: Array) -> Array:
         """Standardises with the whole minibatch's statistics (over every device's part of it)."""
@@ -175,15 +328,20 @@ class PPOTask(RLTask[PPOConfigT]):
         batch = self.prepare_batch(shared, trajectory)
         shard_envs = batch.advantage.shape[0]
         envs_per_minibatch = shard_envs // self.num_minibatches
-        grad_fn = jax.grad(lambda p, b, a: ppo_loss(self.model, p, b, self.config, a), has_aux=True)
 
         def minibatch_step(carry: tuple[Any, Any], minibatch: PPOBatch) -> tuple[tuple[Any, Any], Metrics]:
             params, opt_state = carry
-            grads, metrics = grad_fn(params, minibatch, self.normalize_advantage(minibatch.advantage))
-            metrics["local_grad_norm"] = optax.tree.norm(grads)
-            grads = self.sync_gradients(grads)
-            updates, opt_state = self.optimizer.update(grads, opt_state, params)
-            return (optax.apply_updates(params, updates), opt_state), metrics
+            params, opt_state, metrics = ppo_minibatch_update(
+                self.model,
+                self.optimizer,
+                self.config,
+                params,
+                opt_state,
+                minibatch,
+                self.normalize_advantage,
+                self.sync_gradients,
+            )
+            return (params, opt_state), metrics
 
         def epoch(carry: tuple[Any, Any], key: Array) -> tuple[tuple[Any, Any], Metrics]:
             order = jax.random.permutation(key, shard_envs)

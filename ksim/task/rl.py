@@ -28,6 +28,7 @@ import optax
 from omegaconf import OmegaConf
 
 from ksim.actuators import Actuators
+from ksim.checkpoint import check_metadata, load_metadata
 from ksim.commands import Command, check_command_users
 from ksim.config import (
     ConfigError,
@@ -54,9 +55,18 @@ from ksim.task.checkpointing import (
     save_run_checkpoint,
 )
 from ksim.task.env import Components, Environment, EnvSettings
-from ksim.task.evaluation import EvalResult, Evaluator, eval_line, summary_scalars
+from ksim.task.evaluation import EvalResult, Evaluator, report_evaluation, summary_scalars
 from ksim.task.loop import AheadOfTimeProgram, ProcessHooks, compile_programs, run_training
-from ksim.task.types import EnvState, Episode, RLConfig, SharedState, TrainState, Trajectory, Transition
+from ksim.task.types import (
+    EnvState,
+    PolicyOutput,
+    PolicyState,
+    RLConfig,
+    SharedState,
+    TrainState,
+    Trajectory,
+    Transition,
+)
 from ksim.terminations import Termination
 from ksim.viewer_settings import ViewSettings, check_geom_groups, check_view_port, command_ranges
 from ksim.wandb_logging import WANDB_EXTRA, WandbRun
@@ -94,13 +104,16 @@ class RLTask(ABC, Generic[ConfigT]):
         self.randomizations = tuple(self.get_randomizations())
         self.command = self.get_command()
         self.events = tuple(self.get_events())
+        critic_group = self.get_critic_observations()
+        self.critic_observations = None if critic_group is None else tuple(critic_group)
         commands = () if self.command is None else (self.command,)
+        observers = (*self.observations, *(self.critic_observations or ()))
         check_components(
             self.engine.layout,
-            (*self.observations, *self.rewards, *self.terminations, *self.resets, *self.randomizations, *commands),
+            (*observers, *self.rewards, *self.terminations, *self.resets, *self.randomizations, *commands),
         )
         check_components(self.engine.layout, self.events)
-        check_command_users(self.command, (*self.observations, *self.rewards))
+        check_command_users(self.command, (*observers, *self.rewards))
         check_noise(self.observations)
         self.actuators = self.get_actuators()
         check_randomizations(self.randomizations, self.actuators)
@@ -113,11 +126,12 @@ class RLTask(ABC, Generic[ConfigT]):
             self.command,
             self.events,
             self.actuators,
+            self.critic_observations,
         )
         settings = EnvSettings(
             config.ctrl_dt, self.max_episode_steps, config.action_delay_steps, config.eval_observation_noise
         )
-        self.environment = Environment(self.engine, components, settings, self.sample_action)
+        self.environment = Environment(self.engine, components, settings, self)
         self.evaluator = Evaluator(self.environment, config.eval_episodes, config.seed)
         self.reward_names = components.reward_names
         self.model = self.get_model()
@@ -144,6 +158,10 @@ class RLTask(ABC, Generic[ConfigT]):
 
     @abstractmethod
     def get_observations(self) -> Sequence[Observation]: ...
+
+    def get_critic_observations(self) -> Sequence[Observation] | None:
+        """The critic's own inputs (privileged: never noised, with their own normaliser); None: the actor's."""
+        return None
 
     @abstractmethod
     def get_rewards(self) -> Sequence[Reward]: ...
@@ -177,8 +195,25 @@ class RLTask(ABC, Generic[ConfigT]):
     def get_optimizer(self) -> optax.GradientTransformation: ...
 
     @abstractmethod
-    def sample_action(self, shared: SharedState, obs: Array, rng: Array, deterministic: bool = False) -> Array:
-        """The policy's action for one env's observation."""
+    def init_params(self, rng: Array) -> Any:
+        """The model's initial parameters."""
+
+    @abstractmethod
+    def initial_policy_state(self) -> PolicyState:
+        """One env's policy state at the start of every episode (ksim.task.memory)."""
+
+    @abstractmethod
+    def act(
+        self,
+        shared: SharedState,
+        state: PolicyState,
+        obs: Array,
+        critic_obs: Array,
+        first: Array,
+        rng: Array,
+        deterministic: bool = False,
+    ) -> PolicyOutput:
+        """The policy's action for one env's (noised) observation frame, and its next policy state."""
 
     @abstractmethod
     def update_shard(self, shared: SharedState, trajectory: Trajectory, rng: Array) -> tuple[SharedState, Metrics]:
@@ -235,35 +270,17 @@ class RLTask(ABC, Generic[ConfigT]):
 
     @functools.cached_property
     def observation_dim(self) -> int:
-        return sum(size for _, size in self.observation_layout())
+        """The size of one observation frame (the policy sees observation_history of them)."""
+        return sum(size for _, size in self.environment.observation_layout())
+
+    @functools.cached_property
+    def critic_observation_dim(self) -> int:
+        """The size of the critic's own observations (0: it reads the actor's input)."""
+        return sum(size for _, size in self.environment.critic_observation_layout() or [])
 
     @property
     def task_name(self) -> str:
         return type(self).__name__
-
-    # ----- one env (ksim.task.env.Environment) ----------------------------------------------------------------
-
-    def start_episode(self, rng: Array) -> Episode:
-        return self.environment.start_episode(rng)
-
-    def step_env(
-        self, shared: SharedState, episode: Episode, deterministic: bool = False
-    ) -> tuple[Episode, Transition]:
-        return self.environment.step_env(shared, episode, deterministic)
-
-    def noisy_observations(self, deterministic: bool) -> bool:
-        return self.environment.noisy_observations(deterministic)
-
-    @property
-    def episode_shape(self) -> Episode:
-        return self.environment.episode_shape
-
-    @property
-    def observation_sizes(self) -> list[int]:
-        return self.environment.observation_sizes
-
-    def observation_layout(self) -> list[tuple[str, int]]:
-        return self.environment.observation_layout()
 
     # ----- cross-device hooks (identity on one device; DistributedRLTask reduces over its pmap axis) --------
 
@@ -314,7 +331,9 @@ class RLTask(ABC, Generic[ConfigT]):
     def reset_shard(self, env_keys: Array) -> EnvState:
         """Envs with no episode yet (zeros of an episode's shape): their first control step starts one."""
         num_envs = env_keys.shape[0]
-        no_episode = jax.tree.map(lambda leaf: jnp.zeros((num_envs, *leaf.shape), leaf.dtype), self.episode_shape)
+        no_episode = jax.tree.map(
+            lambda leaf: jnp.zeros((num_envs, *leaf.shape), leaf.dtype), self.environment.episode_shape
+        )
         return EnvState(
             current=no_episode,
             ended=jnp.ones(num_envs, bool),
@@ -337,7 +356,7 @@ class RLTask(ABC, Generic[ConfigT]):
             (index,) = jnp.nonzero(~env.next_start_ready, size=chunk, fill_value=num_envs)  # num_envs: no env
             safe = jnp.minimum(index, num_envs - 1)
             keys = jax.vmap(jax.random.fold_in)(env.reset_key[safe], env.episodes_started[safe])
-            fresh = jax.vmap(self.start_episode)(keys)
+            fresh = jax.vmap(self.environment.start_episode)(keys)
             next_start = jax.tree.map(lambda pool, new: pool.at[index].set(new, mode="drop"), env.next_start, fresh)
             ready = env.next_start_ready.at[index].set(True, mode="drop")
             return env.replace(next_start=next_start, next_start_ready=ready)
@@ -353,7 +372,7 @@ class RLTask(ABC, Generic[ConfigT]):
         starting = env.ended
         env = self.refill_if(starting & ~env.next_start_ready, env)
         current = select_envs(starting, env.next_start, env.current)
-        stepped, transition = jax.vmap(self.step_env, in_axes=(None, 0))(shared, current)
+        stepped, transition = jax.vmap(self.environment.step_env, in_axes=(None, 0))(shared, current)
         env = env.replace(
             current=stepped,
             ended=transition.trajectory.terminated | transition.trajectory.truncated,
@@ -381,6 +400,15 @@ class RLTask(ABC, Generic[ConfigT]):
         metrics["reward/total"] = jnp.mean(trajectory.reward)
         return env, trajectory, metrics
 
+    def update_normalizers(self, shared: SharedState, trajectory: Trajectory) -> SharedState:
+        """Folds a rollout's newest observation frames (and the critic's own observations) into the statistics."""
+        newest = trajectory.obs[..., trajectory.obs.shape[-1] - self.observation_dim :]
+        normalizer = self.update_normalizer(shared.normalizer, newest)
+        if self.critic_observations is None:
+            return shared.replace(normalizer=normalizer)
+        critic_normalizer = self.update_normalizer(shared.critic_normalizer, trajectory.critic_obs)
+        return shared.replace(normalizer=normalizer, critic_normalizer=critic_normalizer)
+
     def update_normalizer(self, normalizer: Normalizer, obs: Array) -> Normalizer:
         """Folds a rollout's observations into the running statistics, over all shards."""
         if not self.config.normalize_observations:
@@ -397,7 +425,7 @@ class RLTask(ABC, Generic[ConfigT]):
         env, trajectory, rollout_metrics = self.rollout_shard(state.shared, state.env)
         self.debug_print("rollout", {k: rollout_metrics[k] for k in ("episodes_finished", "episode_return_sum")})
         shared, update_metrics = self.update_shard(state.shared, trajectory, update_key)
-        shared = shared.replace(normalizer=self.update_normalizer(shared.normalizer, trajectory.obs))
+        shared = self.update_normalizers(shared, trajectory)
         return TrainState(shared=shared, env=env, rng=rng), self.reduce_rollout_metrics(
             rollout_metrics
         ) | update_metrics
@@ -451,8 +479,8 @@ class RLTask(ABC, Generic[ConfigT]):
             "train_step": ("train step", lambda: self._train_step_program.lower(state))
         }
         if self.config.eval_every_n_steps:
-            eval_inputs = self.eval_inputs(self.fetch_replicated(state.shared))
-            programs["eval"] = ("evaluation", lambda: self._eval_program.lower(*eval_inputs))
+            eval_inputs = self.evaluator.inputs(self.fetch_replicated(state.shared))
+            programs["eval"] = ("evaluation", lambda: self.evaluator.program.lower(*eval_inputs))  # type: ignore[attr-defined]
         return programs
 
     def precompile(self, state: TrainState, verbose: bool = True) -> None:
@@ -470,8 +498,13 @@ class RLTask(ABC, Generic[ConfigT]):
         """One program (one persistent-cache entry) rather than one per initializer op."""
 
         def init(rng: Array) -> SharedState:
-            params = self.model.init(rng, jnp.zeros((1, self.observation_dim)))
-            return SharedState(params, self.optimizer.init(params), Normalizer.create(self.observation_dim))
+            params = self.init_params(rng)
+            return SharedState(
+                params=params,
+                opt_state=self.optimizer.init(params),
+                normalizer=Normalizer.create(self.observation_dim),
+                critic_normalizer=Normalizer.create(self.critic_observation_dim),
+            )
 
         return jax.jit(init)
 
@@ -492,8 +525,18 @@ class RLTask(ABC, Generic[ConfigT]):
     def checkpoint_metadata(self) -> dict[str, Any]:
         """What a checkpoint says about its writer; loading compares the task and the layouts."""
         return checkpoint_metadata(
-            self.task_name, type(self), self.config, self.observation_layout(), self.action_layout()
+            self.task_name,
+            type(self),
+            self.config,
+            self.environment.observation_layout(),
+            self.action_layout(),
+            self.environment.critic_observation_layout(),
+            self.memory_settings(),
         )
+
+    def memory_settings(self) -> dict[str, int]:
+        """What the policy remembers (ksim.task.memory): its observation_history and recurrent_size."""
+        return {"observation_history": 1, "recurrent_size": 0}
 
     @functools.cached_property
     def _checkpoint_metadata(self) -> dict[str, Any]:
@@ -514,6 +557,8 @@ class RLTask(ABC, Generic[ConfigT]):
     def load_contents(self, path: str | Path) -> dict[str, Any]:
         """A checkpoint's contents; ConfigError if another task or observation layout wrote it (see
         allow_checkpoint_mismatch) or if its shapes differ from the model's."""
+        allow = self.config.allow_checkpoint_mismatch
+        check_metadata(path, load_metadata(path), self._checkpoint_metadata, allow)  # before the model compiles
         template = self.init_shared(jax.random.PRNGKey(0))
         return load_run_checkpoint(path, template, self._checkpoint_metadata, self.config.allow_checkpoint_mismatch)
 
@@ -523,52 +568,58 @@ class RLTask(ABC, Generic[ConfigT]):
 
         checkpoint = self.config.load_from_ckpt_path
         shared = jax.device_get(self.load_contents(checkpoint)["shared"])
-        key = jax.random.PRNGKey(0)  # unused by the deterministic policy
-
-        def policy(obs: Array) -> Array:
-            return self.sample_action(shared, obs, key, deterministic=True)
-
         doc = (type(self.actuators).__doc__ or "").strip().splitlines()
         onnx_path, json_path = export_policy(
-            policy, self._checkpoint_metadata, doc[0] if doc else "", self.config.export_path, checkpoint
+            self.deterministic_step(shared),
+            self._checkpoint_metadata,
+            doc[0] if doc else "",
+            self.config.export_path,
+            checkpoint,
         )
         print(f"wrote {onnx_path} and {json_path}", flush=True)
         return onnx_path
 
+    def deterministic_step(self, shared: SharedState) -> Callable[..., tuple[Array, ...]]:
+        """The exported policy: (observations, *memory) -> (actions, *next memory), a batch of robots.
+
+        The memory inputs are the actor's GRU state (recurrent_size > 0) and the past observation frames
+        (observation_history > 1); the ONNX file takes and returns them in that order (ksim.export).
+        """
+        memory = self.memory_settings()
+        recurrent, history = memory["recurrent_size"] > 0, memory["observation_history"] > 1
+        key = jax.random.PRNGKey(0)  # unused by the deterministic policy
+
+        def step(obs: Array, *memory_inputs: Array) -> tuple[Array, ...]:
+            inputs, batch = list(memory_inputs), obs.shape[0]
+            actor_carry = inputs.pop(0) if recurrent else jnp.zeros((batch, 0))
+            past_frames = inputs.pop(0) if history else jnp.zeros((batch, 0, self.observation_dim))
+            carry = jnp.stack([actor_carry, jnp.zeros_like(actor_carry)], axis=-2)  # the critic does not run here
+            state = PolicyState(past_frames=past_frames, carry=carry)
+            no_critic_obs = jnp.zeros((batch, self.critic_observation_dim))
+            out = self.act(shared, state, obs, no_critic_obs, jnp.asarray(False), key, deterministic=True)
+            next_carry, next_past = out.state.carry[:, 0], out.state.past_frames
+            return (out.action, *([next_carry] if recurrent else []), *([next_past] if history else []))
+
+        return step
+
     # ----- evaluation (ksim.task.evaluation.Evaluator) -----------------------------------------------------------
 
-    @property
-    def _eval_program(self) -> Program:
-        return self.evaluator.program
-
-    def eval_inputs(self, shared: SharedState, num_episodes: int | None = None, seed: int | None = None) -> tuple:
-        return self.evaluator.inputs(shared, num_episodes, seed)
-
-    def evaluation(self, shared: SharedState, num_episodes: int | None = None, seed: int | None = None) -> EvalResult:
-        """Deterministic episodes from fresh envs (the precompiled program where the shapes are the run's)."""
+    def evaluate(self, shared: SharedState, num_episodes: int | None = None, seed: int | None = None) -> EvalResult:
+        """Deterministic episodes from fresh envs (the precompiled program where the shapes are the run's):
+        returns, lengths, locomotion measures and env 0's qpos per control step."""
         precompiled_shape = num_episodes in (None, self.config.eval_episodes)
         program = self.program("eval", self.evaluator.program) if precompiled_shape else None
         return self.evaluator.run(shared, num_episodes, seed, program)
-
-    def evaluate(
-        self, shared: SharedState, num_episodes: int | None = None, seed: int | None = None
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Deterministic episodes from fresh envs: returns, lengths, and env 0's qpos per control step."""
-        result = self.evaluation(shared, num_episodes, seed)
-        return result.returns, result.lengths, result.qpos
 
     def eval_due(self, step: int) -> bool:
         every = self.config.eval_every_n_steps
         return every > 0 and (step % every == 0 or step == self.config.num_steps)
 
-    def eval_scalars(self, state: TrainState) -> dict[str, float]:
-        return summary_scalars(self.evaluation(self.fetch_replicated(state.shared)))
-
     def run_eval(self) -> np.ndarray:
+        """mode=eval: the checkpoint's deterministic episodes, their summary line, a video and the W&B run."""
         contents = self.load_contents(self.config.load_from_ckpt_path)
-        result = self.evaluation(contents["shared"], self.config.eval_episodes, self.config.seed)
-        print(eval_line(self.task_name, result), flush=True)
-        video = self.write_eval_video(result.qpos) if self.config.video_path else None
+        result = self.evaluate(contents["shared"])
+        video = report_evaluation(self.task_name, result, self.engine.mj_model, self.config)
         # The checkpoint's run folder (RUN/checkpoints/ckpt_*.bin) keeps the evaluation's W&B run.
         wandb_run = self.start_wandb(Path(self.config.load_from_ckpt_path).resolve().parent.parent, "eval")
         if wandb_run is not None:
@@ -577,15 +628,6 @@ class RLTask(ABC, Generic[ConfigT]):
                 wandb_run.video("eval/video", video)
             wandb_run.finish()
         return result.returns
-
-    def write_eval_video(self, qpos: np.ndarray) -> Path:
-        from ksim.render import write_video
-
-        size = (self.config.video_width, self.config.video_height)
-        config = self.config
-        path = write_video(self.engine.mj_model, qpos, config.ctrl_dt, config.video_path, size, config.geom_groups)
-        print(f"wrote {path}", flush=True)
-        return path
 
     # ----- mode=view (ksim.viewer) -------------------------------------------------------------------------------
 
@@ -596,7 +638,7 @@ class RLTask(ABC, Generic[ConfigT]):
         return jax.device_get(self.init_shared(jax.random.split(jax.random.PRNGKey(self.config.seed), 3)[0]))
 
     def view_settings(self) -> ViewSettings:
-        layout = tuple(self.observation_layout())
+        layout = tuple(self.environment.observation_layout())
         actions = tuple(self.action_layout()["names"])
         groups = tuple(self.config.geom_groups)
         ranges = command_ranges(self.command)

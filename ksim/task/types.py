@@ -93,11 +93,30 @@ class RLConfig:
     eval_observation_noise: bool = xax.field(False, help="Also add the observations' noise in evaluation.")
 
 
+class PolicyState(struct.PyTreeNode):
+    """One env's policy memory (ksim.task.memory): empty arrays for a memoryless policy."""
+
+    past_frames: Array  # (observation_history - 1, observation size): the frames before the current one
+    carry: Array  # (2, recurrent_size): the actor's and the critic's GRU states
+
+
+class PolicyOutput(struct.PyTreeNode):
+    """What the policy returns for one env's control step."""
+
+    action: Array
+    log_prob: Array  # of `action` under the policy that chose it
+    state: PolicyState  # the env's next policy state
+    obs: Array  # the network's input (the last observation_history frames, flattened), recorded for the update
+    carry: Array  # the GRU states before this step, recorded so the update can replay from a rollout's start
+
+
 class Episode(struct.PyTreeNode):
     """One env's running episode (or a batch with a leading env axis)."""
 
     data: mjx.Data
     obs: Array  # without observation noise (the policy's input gets it in step_env)
+    critic_obs: Array  # the critic's own observations (never noised; empty without a critic group)
+    policy_state: PolicyState
     last_action: Array
     episode_return: Array
     episode_length: Array
@@ -112,12 +131,16 @@ class Episode(struct.PyTreeNode):
 class Trajectory(struct.PyTreeNode):
     """A rollout, time-major: leaves are (rollout_length, num_envs, ...)."""
 
-    obs: Array
-    next_obs: Array  # before any automatic reset, for bootstrapping
+    obs: Array  # the policy network's input (observation_history noised frames)
+    next_obs: Array  # the next frame (unnoised), before any automatic reset, for bootstrapping
     action: Array
     reward: Array
     terminated: Array
     truncated: Array
+    log_prob: Array  # of the action, as the rollout's policy chose it
+    critic_obs: Array  # the critic's own observations (empty without a critic group)
+    next_critic_obs: Array
+    carry: Array  # (2, recurrent_size) GRU states before the step
 
 
 class Transition(struct.PyTreeNode):
@@ -154,11 +177,13 @@ class EnvState(struct.PyTreeNode):
 
 
 class SharedState(struct.PyTreeNode):
-    """What every env shares: the learner's parameters, optimizer state and observation statistics."""
+    """What every env shares: the learner's parameters, optimizer state and observation statistics (the
+    actor's, and the critic's own when it has a critic group; of size 0 without)."""
 
     params: Any
     opt_state: Any
     normalizer: Normalizer
+    critic_normalizer: Normalizer
 
 
 class TrainState(struct.PyTreeNode):
