@@ -30,6 +30,7 @@ from ksim import mjx_contract
 from ksim.actuators import MOTOR, POSITION_SERVO, actuator_kind
 from ksim.config import ConfigError
 from ksim.engine import ModelLayout, PhysicsEngine, load_mujoco_model
+from ksim.physics import create_engine
 
 # Settings above these cost MJX time at every physics step (MJX's documentation, "Performance tuning"):
 # every env of a batch runs as many solver and line-search iterations as the slowest env needs.
@@ -266,11 +267,11 @@ def inspect_model(
         lines.append(f"MJX: runs this model (mujoco-mjx {mjx_contract.mjx_version()})")
     if timing and not refusals:
         ctrl_dt = num_substeps * option.timestep
-        cost = measure_step(PhysicsEngine.create(mj_model, ctrl_dt, option.timestep, base_body, root_joints), num_envs)
+        cost = measure_step(create_engine(mj_model, ctrl_dt, option.timestep, base_body, root_joints), num_envs)
         lines += cost_lines(cost)
         tuned, changes = tuned_options(mj_model)
         if compare_tuned and changes:
-            tuned_engine = PhysicsEngine.create(tuned, ctrl_dt, option.timestep, base_body, root_joints)
+            tuned_engine = create_engine(tuned, ctrl_dt, option.timestep, base_body, root_joints)
             tuned_cost = measure_step(tuned_engine, num_envs)
             lines.append(
                 f"with {', '.join(changes)}: {tuned_cost.env_steps_per_s:,.0f} env-steps/s, "
