@@ -2,6 +2,7 @@
 
 - "jax": MJX's JAX implementation, its stages in ksim's order (ksim.physics.mjx_jax);
 - "warp": MJX's Warp implementation, on a CUDA GPU or the CPU (ksim.physics.mjx_warp);
+- "mujoco": C MuJoCo on the CPU through `mujoco.batch`, stepped from host callbacks (ksim.physics.native).
 """
 
 from __future__ import annotations
@@ -16,8 +17,9 @@ from ksim.config import ConfigError
 from ksim.engine import ModelLayout, PhysicsEngine, default_pose
 from ksim.physics.mjx_jax import MjxJaxEngine
 from ksim.physics.mjx_warp import MjxWarpEngine
+from ksim.physics.native import create_native
 
-PHYSICS_IMPLS = ("jax", "warp")
+PHYSICS_IMPLS = ("jax", "warp", "mujoco")
 
 
 def require_physics_impl(physics_impl: str) -> None:
@@ -42,6 +44,8 @@ def create_engine(
     mj_model.opt.timestep = dt
     layout = ModelLayout.create(mj_model, base_body, root_joints)
     pose = default_pose(mj_model)
+    if physics_impl == "mujoco":
+        return create_native(mj_model, ctrl_dt, dt, layout, pose)
     # On this process's first device: the global device 0 belongs to process 0 in multi-process runs.
     device = jax.local_devices()[0]
     mjx_contract.require_impl(physics_impl, device)
