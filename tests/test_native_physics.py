@@ -133,12 +133,25 @@ def test_the_native_step_agrees_with_the_jax_one() -> None:
         np.testing.assert_allclose(getattr(native, name), getattr(mjx_data, name), err_msg=name, **close)
 
 
+class PgsBallTask(DistributedBallTask):
+    """The test ball on MuJoCo's PGS solver, which MJX refuses."""
+
+    def get_mujoco_model(self) -> mujoco.MjModel:
+        mj_model = super().get_mujoco_model()
+        mj_model.opt.solver = mujoco.mjtSolver.mjSOL_PGS
+        return mj_model
+
+
 def test_a_train_step_on_one_and_two_devices_agrees() -> None:
-    """Resets, 9 randomized fields, pushes and commands; and no program compiles after the first train step."""
+    """Resets, 9 randomized fields, pushes and commands on a model MJX refuses (the PGS solver); no program
+    compiles after the first train step."""
+    with pytest.raises(ConfigError, match="MJX"):
+        PgsBallTask(distributed_ball_config(physics_impl="jax"))
     results = []
     for devices in (1, 2):
-        task = DistributedBallTask(distributed_ball_config(num_devices=devices, physics_impl="mujoco"))
+        task = PgsBallTask(distributed_ball_config(num_devices=devices, physics_impl="mujoco"))
         assert task.engine.physics_impl == "mujoco"
+        assert task.engine.mj_model.opt.solver == mujoco.mjtSolver.mjSOL_PGS
         state, metrics = task.train_step(task.init_train_state())
         programs = len(task._compiled)
         state, metrics = task.train_step(state)
