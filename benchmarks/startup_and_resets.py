@@ -34,9 +34,10 @@ def per_step_reset_task(base: type) -> type:
     import jax.numpy as jnp
 
     from ksim.engine import PhysicsEngine
+    from ksim.physics.mjx_jax import MjxJaxEngine
     from ksim.task.rl import select_envs
 
-    class WholeForwardEngine(PhysicsEngine):
+    class WholeForwardEngine(MjxJaxEngine):
         @property
         def has_acceleration_sensors(self) -> bool:
             return True  # makes `make_data` run the whole mjx.forward, as every reset did then

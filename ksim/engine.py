@@ -1,7 +1,9 @@
-"""MuJoCo MJX physics: model loading, the model's layout (base body, root and robot joints), control steps.
+"""Physics: model loading, the model's layout (base body, root and robot joints), what components see of a
+control step (`StepContext`, `Contacts`) and the interface every physics implementation serves
+(`PhysicsEngine`; the implementations are in ksim.physics).
 
 The *base* is a body (by default the first body under the world). Its pose and velocity come from
-MJX's body quantities (`xpos`, `xquat`, `cvel`), so they are right for any root: a free joint, a
+the body quantities (`xpos`, `xquat`, `cvel`), so they are right for any root: a free joint, a
 planar root (slides and a hinge), or a base welded to the world.
 
 The *root joints* attach the robot to the world without being driven by it: a free joint, or a joint of
@@ -13,12 +15,12 @@ resets, joint observations) means the robot joints unless a component names join
 
 from __future__ import annotations
 
-import functools
 import math
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -27,11 +29,13 @@ import numpy as np
 from flax import struct
 from mujoco import mjx
 
-from ksim import mjx_contract
 from ksim.config import ConfigError
 
 Array = jax.Array
 ASSETS_DIR = Path(__file__).parent / "assets"
+# One env's physics data: `mjx.Data` for MJX, an implementation's own pytree otherwise; every one has the
+# fields the contract (`PhysicsEngine`) names.
+PhysicsData = Any
 
 # Base-frame quantities per root kind: a fixed base never moves, so components that need a moving
 # base refuse a fixed-base model when the task is built.
@@ -341,83 +345,23 @@ class StepContext(struct.PyTreeNode):
 
 
 @dataclass(frozen=True)
-class PhysicsEngine:
-    """An MJX model stepped at `ctrl_dt`, each control step made of `ctrl_dt / dt` physics steps.
+class PhysicsEngine(ABC):
+    """A model stepped at `ctrl_dt`, each control step made of `ctrl_dt / dt` physics steps: the interface every
+    physics implementation (ksim.physics: `create_engine`) serves.
 
-    `physics_impl` is MJX's implementation: "jax" (ksim's own order of MJX's stages, below) or "warp" (MJX's
-    public `mjx.step` and `mjx.forward` on its Warp implementation, for a CUDA GPU or the CPU). With Warp the
-    contacts of all envs of one vmapped call are one pool, sized for `max_envs` envs at MuJoCo Warp's default
-    number of contacts per env.
-
-    The data contract: whatever the implementation, the per-env data it returns (`make_data`, `step`) has these
-    fields, named and shaped as in `mjx.Data`, current for its final positions and velocities: `qpos`, `qvel`,
-    `act`, `ctrl`, `time`, `xpos`, `xquat`, `xipos`, `cvel`, `subtree_com`, `site_xpos`, `site_xmat`,
-    `geom_xpos`, `geom_xmat`, `sensordata`; and `contacts(data)` gives its `Contacts`.
+    The data contract: whatever the implementation, the per-env data it returns (`make_data`, `step`) is a pytree
+    with `.replace` holding these fields, named and shaped as in `mjx.Data`, current for its final positions and
+    velocities: `qpos`, `qvel`, `act`, `ctrl`, `time`, `xpos`, `xquat`, `xipos`, `cvel`, `subtree_com`,
+    `site_xpos`, `site_xmat`, `geom_xpos`, `geom_xmat`, `sensordata`; and `contacts(data)` gives its `Contacts`.
+    Events change `qvel` with `data.replace(qvel=...)` and then call `velocities_changed`.
     """
 
+    physics_impl: ClassVar[str]
     mj_model: mujoco.MjModel
-    mjx_model: mjx.Model
     ctrl_dt: float
     dt: float
     default_qpos: np.ndarray
     layout: ModelLayout
-    physics_impl: str = "jax"
-    max_envs: int = 1
-
-    @classmethod
-    def create(
-        cls,
-        mj_model: mujoco.MjModel,
-        ctrl_dt: float,
-        dt: float,
-        base_body: str | None = None,
-        root_joints: Sequence[str] | None = None,
-        physics_impl: str = "jax",
-        max_envs: int = 1,
-    ) -> PhysicsEngine:
-        # On this process's first device: the global device 0 belongs to process 0 in multi-process runs.
-        device = jax.local_devices()[0]
-        mjx_contract.require_impl(physics_impl, device)
-        mj_model.opt.timestep = dt
-        if physics_impl == "jax":
-            mjx_contract.require_supported(mj_model)
-        layout = ModelLayout.create(mj_model, base_body, root_joints)
-        default_qpos = mj_model.key_qpos[0].copy() if mj_model.nkey > 0 else mj_model.qpos0.copy()
-        return cls(
-            mj_model=mj_model,
-            mjx_model=mjx_contract.put_model(mj_model, physics_impl, device=device),
-            ctrl_dt=ctrl_dt,
-            dt=dt,
-            default_qpos=default_qpos,
-            layout=layout,
-            physics_impl=physics_impl,
-            max_envs=max_envs,
-        )
-
-    @property
-    def uses_warp(self) -> bool:
-        return self.physics_impl == "warp"
-
-    @functools.cached_property
-    def _warp_blank(self) -> mjx.Data:
-        """A fresh Warp data for one env (made once, outside any trace), its shared fields as JAX arrays like
-        those of every env's data (MJX makes them NumPy arrays, which its dataclasses treat as static)."""
-        with jax.ensure_compile_time_eval():
-            data = mjx_contract.make_data(self.mj_model, "warp", device=jax.local_devices()[0])
-            return mjx_contract.with_warp_shared(data, mjx_contract.warp_shared(data))
-
-    @functools.cached_property
-    def _warp_pool(self) -> dict[str, Any]:
-        """Warp's shared fields for one call: a contact pool for `max_envs` envs."""
-        with jax.ensure_compile_time_eval():
-            device = jax.local_devices()[0]
-            return mjx_contract.warp_shared(mjx_contract.make_data(self.mj_model, "warp", device, self.max_envs))
-
-    def _warp_forward(self, model: mjx.Model, data: mjx.Data) -> mjx.Data:
-        """`mjx.forward` on Warp with the call's contact pool, as in `step`."""
-        kept = mjx_contract.warp_shared(data)
-        data = traced_mjx_forward(model, mjx_contract.with_warp_shared(data, self._warp_pool))
-        return mjx_contract.with_warp_shared(data, kept)
 
     @property
     def num_substeps(self) -> int:
@@ -427,75 +371,40 @@ class PhysicsEngine:
     def action_dim(self) -> int:
         return int(self.mj_model.nu)
 
-    def model(self, fields: dict[str, Array] | None = None) -> mjx.Model:
-        """The MJX model with some fields replaced (one env's randomized values)."""
-        return self.mjx_model.replace(**fields) if fields else self.mjx_model
-
-    def make_data(self, qpos: Array, qvel: Array, fields: dict[str, Array] | None = None) -> mjx.Data:
-        """Physics state at a given pose, with what depends on positions and velocities computed (bodies,
-        contacts, sensors); accelerations and forces stay zero until the first physics step computes them,
-        unless the model has acceleration-stage sensors (then this is the whole `mjx.forward`). With Warp it is
-        always the whole `mjx.forward`."""
-        model = self.model(fields)
-        if self.uses_warp:
-            return self._warp_forward(model, self._warp_blank.replace(qpos=qpos, qvel=qvel))
-        data = mjx_contract.make_data(model, "jax").replace(qpos=qpos, qvel=qvel)
-        return (traced_forward if self.has_acceleration_sensors else traced_position_and_velocity)(model, data)
-
     @property
     def has_acceleration_sensors(self) -> bool:
         return bool(np.any(self.mj_model.sensor_needstage == mujoco.mjtStage.mjSTAGE_ACC))
 
+    @property
+    @abstractmethod
+    def field_defaults(self) -> Any:
+        """What randomizations read a model field's default from (`getattr(field_defaults, "body_mass")`, as
+        JAX arrays); the per-env `fields` that `make_data` and `step` take replace some of them."""
+
+    @abstractmethod
+    def make_data(self, qpos: Array, qvel: Array, fields: dict[str, Array] | None = None) -> PhysicsData:
+        """One env's state at a pose (zero activations, controls and time), with what depends on positions and
+        velocities computed for the model that `fields` give."""
+
+    @abstractmethod
     def step(
-        self, data: mjx.Data, control: Callable[[mjx.Data], Array], fields: dict[str, Array] | None = None
-    ) -> tuple[mjx.Data, Array]:
-        """One control step; `control` is re-evaluated at every substep (a PD loop needs fresh state).
+        self, data: PhysicsData, control: Callable[[PhysicsData], Array], fields: dict[str, Array] | None = None
+    ) -> tuple[PhysicsData, Array]:
+        """One control step; `control` is re-evaluated at every substep (a PD loop needs fresh state). Returns the
+        data at the step's end and the last substep's control."""
 
-        `data` must have its position- and velocity-dependent quantities up to date for the model that
-        `fields` give (as `make_data` with the same fields, and this method, leave them). Each substep is
-        `mjx.step` with its position and velocity stages moved from the substep's start to its end: the same
-        physics, but the state a control step returns has its bodies, contacts and sensors computed for its
-        final positions and velocities, without a second kinematics pass. With Warp each substep is
-        `mjx.step` and one `mjx.forward` after the last brings the returned state to the same meaning (its
-        accelerations then are those of the final state).
-        """
-        model = self.model(fields)
-        physics = traced_mjx_step if self.uses_warp else traced_physics_step
-        if self.uses_warp:
-            # Warp's contacts are one pool for every env of the vmapped call; each env's data keeps the copy of
-            # those fields ksim gave it (`jax.vmap` passes them through unbatched, so they keep their shape).
-            kept = mjx_contract.warp_shared(data)
-            data = mjx_contract.with_warp_shared(data, self._warp_pool)
+    @abstractmethod
+    def velocities_changed(self, data: PhysicsData, fields: dict[str, Array] | None = None) -> PhysicsData:
+        """Brings the velocity-dependent quantities up to date after something (an event) changed `qvel`."""
 
-        def substep(data: mjx.Data, _: None) -> tuple[mjx.Data, Array]:
-            ctrl = control(data)
-            return physics(model, data.replace(ctrl=ctrl)), ctrl
-
-        data, ctrls = jax.lax.scan(substep, data, None, length=self.num_substeps)
-        if self.uses_warp:
-            data = mjx_contract.with_warp_shared(traced_mjx_forward(model, data), kept)
-        return data, ctrls[-1]
-
-    def velocities_changed(self, data: mjx.Data, fields: dict[str, Array] | None = None) -> mjx.Data:
-        """Brings the velocity-dependent quantities up to date after something (an event) changed `qvel`.
-
-        Both stages run again: MJX builds the constraints' reference accelerations, which depend on `qvel`, in
-        its position stage. With Warp, whose stages are no public functions, it is a whole `mjx.forward`.
-        """
-        if self.uses_warp:
-            return self._warp_forward(self.model(fields), data)
-        return traced_position_and_velocity(self.model(fields), data)
-
-    def contacts(self, data: mjx.Data) -> Contacts:
+    @abstractmethod
+    def contacts(self, data: PhysicsData) -> Contacts:
         """The contacts of `data`'s state."""
-        if self.uses_warp:
-            raise NotImplementedError("contacts with physics_impl='warp'")
-        return Contacts(*mjx_contract.contact_table(self.mj_model, data))
 
     def context(
         self,
-        data: mjx.Data,
-        prev_data: mjx.Data,
+        data: PhysicsData,
+        prev_data: PhysicsData,
         action: Array,
         last_action: Array,
         ctrl: Array,
@@ -506,79 +415,9 @@ class PhysicsEngine:
         return StepContext(data, prev_data, action, last_action, ctrl, command, contacts, self.layout, self.ctrl_dt)
 
 
-def position_and_velocity(model: mjx.Model, data: mjx.Data) -> mjx.Data:
-    """The first half of `mjx.forward`: everything that depends on positions and velocities only."""
-    return velocity_stage(model, mjx.sensor_pos(model, mjx.fwd_position(model, data)))
-
-
-def velocity_stage(model: mjx.Model, data: mjx.Data) -> mjx.Data:
-    """What depends on velocities (given the position stage): com velocities, passive and bias forces, sensors."""
-    return mjx.sensor_vel(model, mjx.fwd_velocity(model, data))
-
-
-def accelerations(model: mjx.Model, data: mjx.Data) -> mjx.Data:
-    """The second half of `mjx.forward` (actuation, smooth and constrained accelerations), as MJX computes it
-    but for the bodies' external forces (`smooth_accelerations`)."""
-    data = smooth_accelerations(model, mjx.fwd_actuation(model, data))
-    if mjx_contract.constraint_rows(data) == 0:
-        return data.replace(qacc=data.qacc_smooth)
-    return mjx.sensor_acc(model, mjx.solve(model, data))
-
-
-def smooth_accelerations(model: mjx.Model, data: mjx.Data) -> mjx.Data:
-    """`mjx.fwd_acceleration` (all forces but the constraints' and the accelerations they give), with the
-    bodies' external forces mapped to joint forces by `body_forces` rather than by MJX's per-body Jacobians."""
-    qfrc_smooth = data.qfrc_passive - data.qfrc_bias + data.qfrc_actuator + data.qfrc_applied + body_forces(model, data)
-    return data.replace(qfrc_smooth=qfrc_smooth, qacc_smooth=mjx_contract.solve_m(model, data, qfrc_smooth))
-
-
-def body_forces(model: mjx.Model, data: mjx.Data) -> Array:
-    """Joint forces of the bodies' Cartesian forces and torques (`xfrc_applied`, at each body's centre of mass).
-
-    What `mjx.xfrc_accumulate` computes; it builds each body's Jacobian with a scan over the body tree, which
-    took 3-10% of a whole physics step (hopper, humanoid, on a CPU) for forces that are mostly zero. Here which
-    dofs move which body is a constant table, and a dof's share of a force f and torque t at a point `lever`
-    from its subtree's centre of mass is cdof_lin . f + cdof_ang . (lever x f + t).
-    """
-    moved = jnp.asarray(dofs_moving_bodies(model), data.cdof.dtype)
-    force, torque = data.xfrc_applied[:, :3], data.xfrc_applied[:, 3:]
-    lever = data.xipos - data.subtree_com[np.asarray(model.body_rootid)]
-    moment = torque + jnp.cross(lever, force)
-    highest = jax.lax.Precision.HIGHEST  # a 0/1 table: no reduced-precision matmul (TF32) on GPUs
-    dof_force = jnp.einsum("bv,bk->vk", moved, force, precision=highest)
-    dof_moment = jnp.einsum("bv,bk->vk", moved, moment, precision=highest)
-    return jnp.sum(data.cdof[:, 3:] * dof_force, axis=-1) + jnp.sum(data.cdof[:, :3] * dof_moment, axis=-1)
-
-
-def dofs_moving_bodies(model: mjx.Model) -> np.ndarray:
-    """(nbody, nv) booleans: whether dof v moves body b, i.e. v belongs to b or to one of b's ancestors."""
-    parent = np.asarray(model.body_parentid)
-    ancestors = np.eye(model.nbody, dtype=bool)  # row b: b and its ancestors
-    for body in range(1, model.nbody):  # MuJoCo numbers every body after its parent
-        ancestors[body] |= ancestors[parent[body]]
-    return ancestors[:, np.asarray(model.dof_bodyid)]
-
-
-def integrate(model: mjx.Model, data: mjx.Data) -> mjx.Data:
-    """The integrator step of `mjx.step`, on data whose accelerations are computed."""
-    return mjx_contract.INTEGRATORS[mujoco.mjtIntegrator(int(model.opt.integrator))](model, data)
-
-
-# MJX's Python takes seconds to trace. Under `jax.jit` each is traced once per process for given shapes and
-# reused by every program that starts or steps an env (train step, evaluation, the episode's shape) and by
-# the physics step itself; XLA inlines the calls, so the compiled programs are the same.
-traced_position_and_velocity = jax.jit(position_and_velocity)
-traced_forward = jax.jit(lambda model, data: accelerations(model, position_and_velocity(model, data)))  # mjx.forward
-
-
-def physics_step(model: mjx.Model, data: mjx.Data) -> mjx.Data:
-    """One `mjx.step` with its position and velocity stages moved to the end (see `PhysicsEngine.step`)."""
-    return traced_position_and_velocity(model, integrate(model, accelerations(model, data)))
-
-
-traced_physics_step = jax.jit(physics_step)
-traced_mjx_step = jax.jit(mjx.step)
-traced_mjx_forward = jax.jit(mjx.forward)
+def default_pose(mj_model: mujoco.MjModel) -> np.ndarray:
+    """The first keyframe's qpos, or the model's qpos0 without one."""
+    return mj_model.key_qpos[0].copy() if mj_model.nkey > 0 else mj_model.qpos0.copy()
 
 
 def substeps_divide(ctrl_dt: float, dt: float) -> bool:

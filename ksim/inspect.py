@@ -8,8 +8,8 @@
 It prints the base body and root kind, the robot joints with their ranges, the actuators with their kind and
 the ksim actuator class that fits them, the sensors, the geom pairs MJX checks for contact at every step, the
 features MJX cannot run, and (unless --no-timing) the measured time of one batched control step with advice
-where the model is expensive for MJX. Exit code 0; 1 when MJX cannot run the model; 2 for bad arguments or a
-file that is no loadable model.
+where the model is expensive for MJX, and of the same step with physics_impl='mujoco' (C MuJoCo). Exit code 0;
+1 when MJX cannot run the model; 2 for bad arguments or a file that is no loadable model.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from ksim import mjx_contract
 from ksim.actuators import MOTOR, POSITION_SERVO, actuator_kind
 from ksim.config import ConfigError
 from ksim.engine import ModelLayout, PhysicsEngine, load_mujoco_model
+from ksim.physics import create_engine
 
 # Settings above these cost MJX time at every physics step (MJX's documentation, "Performance tuning"):
 # every env of a batch runs as many solver and line-search iterations as the slowest env needs.
@@ -240,6 +241,15 @@ def cost_lines(cost: StepCost) -> list[str]:
     ]
 
 
+def native_cost_line(native: StepCost, mjx_cost: StepCost | None) -> str:
+    """The same control step with physics_impl='mujoco' (C MuJoCo), against MJX's where MJX runs the model."""
+    versus = f", {native.env_steps_per_s / mjx_cost.env_steps_per_s:.1f}x MJX's" if mjx_cost else ""
+    return (
+        f"cost with physics_impl='mujoco': {1e3 * native.control_step_s:.1f} ms: "
+        f"{native.env_steps_per_s:,.0f} env-steps/s{versus} (compile {native.compile_s:.1f} s)"
+    )
+
+
 def inspect_model(
     mj_model: mujoco.MjModel,
     base_body: str | None = None,
@@ -272,18 +282,24 @@ def inspect_model(
         lines += ["MJX cannot run this model:", *(f"  {refusal}" for refusal in refusals)]
     else:
         lines.append(f"MJX: runs this model (mujoco-mjx {mjx_contract.mjx_version()})")
+    ctrl_dt = num_substeps * option.timestep
+    native = None
+    if timing:
+        native_engine = create_engine(mj_model, ctrl_dt, option.timestep, base_body, root_joints, "mujoco")
+        native = measure_step(native_engine, num_envs)
     if timing and not refusals:
-        ctrl_dt = num_substeps * option.timestep
-        cost = measure_step(PhysicsEngine.create(mj_model, ctrl_dt, option.timestep, base_body, root_joints), num_envs)
+        cost = measure_step(create_engine(mj_model, ctrl_dt, option.timestep, base_body, root_joints), num_envs)
         lines += cost_lines(cost)
         tuned, changes = tuned_options(mj_model)
         if compare_tuned and changes:
-            tuned_engine = PhysicsEngine.create(tuned, ctrl_dt, option.timestep, base_body, root_joints)
+            tuned_engine = create_engine(tuned, ctrl_dt, option.timestep, base_body, root_joints)
             tuned_cost = measure_step(tuned_engine, num_envs)
             lines.append(
                 f"with {', '.join(changes)}: {tuned_cost.env_steps_per_s:,.0f} env-steps/s, "
                 f"{tuned_cost.env_steps_per_s / cost.env_steps_per_s:.1f}x (check that the model still behaves)"
             )
+    if native is not None:
+        lines.append(native_cost_line(native, None if refusals else cost))
     advice = cost_advice(mj_model, num_substeps, num_pairs)
     lines += ["advice:", *(f"  {item}" for item in advice)] if advice else ["advice: none, the model is cheap for MJX"]
     return lines, not refusals

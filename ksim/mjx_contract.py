@@ -2,7 +2,7 @@
 
 ksim's control step calls MJX's public stage functions (`mjx.fwd_position`, `mjx.fwd_velocity`,
 `mjx.fwd_actuation`, `mjx.solve`, the integrators, the sensor stages) in its own order and maps body forces
-to joint forces itself (ksim.engine). Beyond that public API it needs:
+to joint forces itself (ksim.physics.mjx_jax). Beyond that public API it needs:
 
 - `solve_m`: x = M^-1 y with the factorised mass matrix, which `mujoco.mjx` does not export;
 - `constraint_rows`: the number of constraint rows of a data (the shape of `efc_J`, kept in the
@@ -43,7 +43,7 @@ from ksim.config import ConfigError
 Array = jax.Array
 
 TESTED_MJX_VERSIONS = ("3.17",)  # major.minor releases of mujoco-mjx the contract tests passed on
-PHYSICS_IMPLS = ("jax", "warp")
+MJX_IMPLS = ("jax", "warp")
 
 # The integrators MJX's step implements, each with the function that advances data whose accelerations
 # are computed.
@@ -97,8 +97,8 @@ def warp_installed() -> bool:
 
 def require_impl(impl: str, device: jax.Device) -> None:
     """ConfigError naming `physics_impl` where the implementation cannot run here (before anything compiles)."""
-    if impl not in PHYSICS_IMPLS:
-        raise ConfigError(f"physics_impl={impl!r} must be one of {', '.join(repr(i) for i in PHYSICS_IMPLS)}")
+    if impl not in MJX_IMPLS:
+        raise ConfigError(f"physics_impl={impl!r} must be one of {', '.join(repr(i) for i in MJX_IMPLS)}")
     if impl != "warp":
         return
     if not warp_installed():

@@ -42,3 +42,13 @@ def test_hopper_learns_on_one_device(tmp_path) -> None:
     trained = mean_eval_return(task, task.fetch_replicated(state.shared))
     print(f"hopper after {NUM_STEPS} train steps: eval return {trained:.1f}")
     assert trained > THRESHOLD
+
+
+@pytest.mark.slow
+def test_hopper_learns_with_native_physics(tmp_path) -> None:
+    """The same budget and threshold with physics_impl='mujoco' (C MuJoCo: float64 physics, float32 state)."""
+    task = hopper_task(tmp_path, physics_impl="mujoco")
+    state = task.run()
+    trained = mean_eval_return(task, task.fetch_replicated(state.shared))
+    print(f"hopper (physics_impl='mujoco') after {NUM_STEPS} train steps: eval return {trained:.1f}")
+    assert trained > THRESHOLD

@@ -31,6 +31,8 @@ def test_inspect_times_a_control_step_and_finds_the_cart_poles_joints(capsys: py
         r"cost: one control step of 8 envs \(2 physics steps each\) takes [\d.]+ ms: ([\d,]+) env-steps/s", out
     )
     assert cost is not None and int(cost.group(1).replace(",", "")) > 0
+    native = re.search(r"cost with physics_impl='mujoco': [\d.]+ ms: ([\d,]+) env-steps/s, [\d.]+x MJX's", out)
+    assert native is not None and int(native.group(1).replace(",", "")) > 0
     assert "advice: none, the model is cheap for MJX" in out
 
 

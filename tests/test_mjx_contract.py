@@ -16,6 +16,7 @@ from mujoco import mjx
 from ksim import mjx_contract
 from ksim.config import ConfigError
 from ksim.engine import PhysicsEngine
+from ksim.physics import create_engine
 
 MODEL = """
 <mujoco>
@@ -79,7 +80,7 @@ def contract_model(integrator: str, contact: bool = True, touch: bool = True) ->
 
 
 def compare(mj_model: mujoco.MjModel) -> None:
-    engine = PhysicsEngine.create(mj_model, ctrl_dt=SUBSTEPS * 0.005, dt=0.005)
+    engine = create_engine(mj_model, ctrl_dt=SUBSTEPS * 0.005, dt=0.005)
     rng = np.random.default_rng(0)
     start = mujoco.MjData(mj_model)
     start.qpos[7:] = rng.uniform(-0.3, 0.3, mj_model.nq - 7)
@@ -140,7 +141,7 @@ def test_the_contract_names_its_versions() -> None:
 def test_warp_without_warp_lang_is_refused_before_compiling(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(mjx_contract._mjx_warp, "WARP_INSTALLED", False)
     with pytest.raises(ConfigError, match=r"physics_impl='warp' needs warp-lang.*pip install 'ksim\[warp\]'"):
-        PhysicsEngine.create(contract_model("Euler"), ctrl_dt=0.02, dt=0.005, physics_impl="warp")
+        create_engine(contract_model("Euler"), ctrl_dt=0.02, dt=0.005, physics_impl="warp")
 
 
 def test_warp_on_a_device_it_cannot_run_on_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -158,7 +159,7 @@ NUM_ENVS = 2
 def engine_run(impl: str) -> tuple[PhysicsEngine, mjx.Data]:
     """Per env: a start with its own torso mass, a push (velocities changed), then a PD-controlled control step."""
     model = contract_model("Euler")
-    engine = PhysicsEngine.create(model, SUBSTEPS * 0.005, 0.005, physics_impl=impl, max_envs=NUM_ENVS)
+    engine = create_engine(model, SUBSTEPS * 0.005, 0.005, physics_impl=impl, max_envs=NUM_ENVS)
     mj_model = engine.mj_model
     rng = np.random.default_rng(1)
     qpos = np.tile(mj_model.qpos0, (NUM_ENVS, 1))

@@ -18,7 +18,8 @@ from examples.quadruped import DEFAULT_CONFIG, FEET, KD, KP, QuadrupedTask
 from ksim import observations as obs
 from ksim import rewards as rew
 from ksim.config import ConfigError
-from ksim.engine import PhysicsEngine, load_mujoco_model
+from ksim.engine import load_mujoco_model
+from ksim.physics import create_engine
 
 NUM_STEPS = 100
 SPEED_BAR = 0.2  # m/s
@@ -46,7 +47,7 @@ def test_pd_loop_holds_the_home_pose() -> None:
 
 
 def test_gait_components_at_the_home_pose() -> None:
-    engine = PhysicsEngine.create(load_mujoco_model("quadruped.xml"), ctrl_dt=0.02, dt=0.005)
+    engine = create_engine(load_mujoco_model("quadruped.xml"), ctrl_dt=0.02, dt=0.005)
     home = engine.default_qpos
     qvel = np.zeros(engine.mj_model.nv)
     qvel[0] = 0.5  # the whole robot slides forward at 0.5 m/s, feet included

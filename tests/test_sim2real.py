@@ -17,8 +17,9 @@ from ksim import rewards as rew
 from ksim.actuators import PositionActuators, delay_action
 from ksim.commands import VelocityCommand, advance_command, check_command_users
 from ksim.config import ConfigError
-from ksim.engine import ModelLayout, PhysicsEngine, load_mujoco_model
+from ksim.engine import ModelLayout, load_mujoco_model
 from ksim.events import Push, run_events
+from ksim.physics import create_engine
 from ksim.task.env import Episode
 
 NUM_ENVS = 8
@@ -92,7 +93,7 @@ def test_commands_and_timers_are_drawn_per_env_at_episode_start(starts: list) ->
 
 
 def test_mass_randomization_changes_the_dynamics() -> None:
-    engine = PhysicsEngine.create(load_mujoco_model("cartpole.xml"), ctrl_dt=0.02, dt=0.01)
+    engine = create_engine(load_mujoco_model("cartpole.xml"), ctrl_dt=0.02, dt=0.01)
     qpos, qvel = jnp.asarray(engine.default_qpos, jnp.float32), jnp.zeros(engine.mj_model.nv)
     # An episode's data is made with its model fields, and stepped with them.
     step = jax.jit(

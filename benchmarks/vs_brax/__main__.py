@@ -258,6 +258,9 @@ def main() -> None:
     parser.add_argument("--train-steps", type=int, default=SETTINGS["train_steps"], help="of 8,192 env steps")
     parser.add_argument("--rounds", type=int, default=1, help="runs of each (framework, devices); medians are shown")
     parser.add_argument("--brax-python", type=Path, help="an existing Brax interpreter instead of .venv's")
+    parser.add_argument(
+        "--physics-impl", choices=("jax", "mujoco"), default="jax", help="ksim's physics (Brax keeps MJX)"
+    )
     parser.add_argument("--results", type=Path, help="JSON file of finished runs: reused, and extended as runs end")
     args = parser.parse_args()
     if args.rounds < 1:
@@ -266,7 +269,7 @@ def main() -> None:
         parser.error(
             f"--train-steps={args.train_steps} must be a multiple of the {SETTINGS['timing_chunks']} timing chunks"
         )
-    settings = SETTINGS | {"train_steps": args.train_steps}
+    settings = SETTINGS | {"train_steps": args.train_steps, "physics_impl": args.physics_impl}
     brax = args.brax_python or brax_python()
     saved = json.loads(args.results.read_text()) if args.results and args.results.exists() else {}
 
@@ -284,6 +287,7 @@ def main() -> None:
         for devices in args.devices:
             first = "ksim" if round_index % 2 == 0 else "brax"  # who takes the first turn alternates too
             key = f"x{devices}" + (f" #{round_index + 1}" if round_index else "")
+            key += "" if args.physics_impl == "jax" else f" {args.physics_impl}"
             reports = measured(key, functools.partial(run_side_by_side, devices, settings, pythons, first))
             for framework, report in reports.items():
                 runs.setdefault((framework, devices), []).append(report)

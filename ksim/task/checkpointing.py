@@ -17,7 +17,14 @@ from omegaconf import OmegaConf
 
 from ksim import mjx_contract
 from ksim.actuators import Actuators
-from ksim.checkpoint import MEMORYLESS, METADATA_FORMAT, load_checkpoint, prune_checkpoints, save_checkpoint
+from ksim.checkpoint import (
+    MEMORYLESS,
+    METADATA_FORMAT,
+    load_checkpoint,
+    load_metadata,
+    prune_checkpoints,
+    save_checkpoint,
+)
 from ksim.task.types import RLConfig, SharedState
 
 Array = jax.Array
@@ -77,6 +84,7 @@ def checkpoint_metadata(
         "policy_memory": memory or dict(MEMORYLESS),
         "actions": actions,
         "ctrl_dt": float(config.ctrl_dt),
+        "physics_impl": config.physics_impl,
         "versions": library_versions(),
     }
 
@@ -109,4 +117,20 @@ def load_run_checkpoint(
     """A checkpoint's contents; ConfigError if another task or observation layout wrote it (unless
     `allow_mismatch`) or if its shapes differ from `shared_template`'s."""
     target = checkpoint_contents(shared_template, jax.random.PRNGKey(0), 0, 0)
-    return load_checkpoint(path, target, metadata, allow_mismatch)
+    contents = load_checkpoint(path, target, metadata, allow_mismatch)
+    note = physics_impl_note(load_metadata(path), metadata)
+    if note:
+        print(note, flush=True)
+    return contents
+
+
+def physics_impl_note(found: dict[str, Any] | None, expected: dict[str, Any]) -> str | None:
+    """One line where a checkpoint was trained with another physics implementation (allowed: the physics is
+    the same model, computed at another precision)."""
+    trained = (found or {}).get("physics_impl")
+    if trained is None or trained == expected.get("physics_impl"):
+        return None
+    return (
+        f"note: this checkpoint was trained with physics_impl={trained!r} and continues with "
+        f"physics_impl={expected.get('physics_impl')!r} (the same model; the physics differs in float precision)"
+    )

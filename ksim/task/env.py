@@ -158,8 +158,10 @@ class Environment:
         qvel = jnp.zeros(engine.mj_model.nv)
         for reset, key in zip(parts.resets, reset_keys, strict=True):
             qpos, qvel = reset.apply(qpos, qvel, engine.layout, key)
-        drawn = sample_randomizations(parts.randomizations, engine.mjx_model, engine.layout, randomize_key)
-        gain_scales, fields = parts.actuators.apply_gain_scales(drawn.gain_scales, drawn.model_fields, engine.mjx_model)
+        drawn = sample_randomizations(parts.randomizations, engine.field_defaults, engine.layout, randomize_key)
+        gain_scales, fields = parts.actuators.apply_gain_scales(
+            drawn.gain_scales, drawn.model_fields, engine.field_defaults
+        )
         randomized = Randomized(model_fields=fields, gain_scales=gain_scales)
         data = engine.make_data(qpos, qvel, randomized.model_fields)
         no_action = jnp.zeros(engine.action_dim)

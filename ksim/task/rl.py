@@ -40,9 +40,9 @@ from ksim.config import (
 )
 from ksim.engine import PhysicsEngine, check_components, substeps_divide
 from ksim.events import Event
-from ksim.mjx_contract import PHYSICS_IMPLS
 from ksim.normalization import Normalizer
 from ksim.observations import Observation, check_noise
+from ksim.physics import PHYSICS_IMPLS, create_engine
 from ksim.randomization import Randomization, check_randomizations
 from ksim.reporting import SCALARS_FILE, MetricsLogger
 from ksim.resets import Reset
@@ -152,7 +152,7 @@ class RLTask(ABC, Generic[ConfigT]):
         """The physics engine; override to step the model differently."""
         config = self.config
         model, envs = self.get_mujoco_model(), max(config.num_envs, config.eval_episodes)  # most envs of one call
-        return PhysicsEngine.create(
+        return create_engine(
             model, config.ctrl_dt, config.dt, config.base_body, config.root_joints, config.physics_impl, envs
         )
 

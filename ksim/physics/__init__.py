@@ -1,0 +1,57 @@
+"""The physics implementations behind `ksim.engine.PhysicsEngine`, one module each, and `create_engine`.
+
+- "jax": MJX's JAX implementation, its stages in ksim's order (ksim.physics.mjx_jax);
+- "warp": MJX's Warp implementation, on a CUDA GPU or the CPU (ksim.physics.mjx_warp);
+- "mujoco": C MuJoCo on the CPU through `mujoco.batch`, stepped from host callbacks (ksim.physics.native).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import jax
+import mujoco
+
+from ksim import mjx_contract
+from ksim.config import ConfigError
+from ksim.engine import ModelLayout, PhysicsEngine, default_pose
+from ksim.physics.mjx_jax import MjxJaxEngine
+from ksim.physics.mjx_warp import MjxWarpEngine
+from ksim.physics.native import create_native
+
+PHYSICS_IMPLS = ("jax", "warp", "mujoco")
+
+
+def require_physics_impl(physics_impl: str) -> None:
+    if physics_impl not in PHYSICS_IMPLS:
+        choices = ", ".join(repr(impl) for impl in PHYSICS_IMPLS)
+        raise ConfigError(f"physics_impl={physics_impl!r} must be one of {choices}")
+
+
+def create_engine(
+    mj_model: mujoco.MjModel,
+    ctrl_dt: float,
+    dt: float,
+    base_body: str | None = None,
+    root_joints: Sequence[str] | None = None,
+    physics_impl: str = "jax",
+    max_envs: int = 1,
+) -> PhysicsEngine:
+    """The engine of `physics_impl` for the model at timestep `dt`; ConfigError where it cannot run here or
+    refuses the model (before anything compiles). `max_envs` is the most envs one call steps (Warp sizes its
+    contact pool by it)."""
+    require_physics_impl(physics_impl)
+    mj_model.opt.timestep = dt
+    layout = ModelLayout.create(mj_model, base_body, root_joints)
+    pose = default_pose(mj_model)
+    if physics_impl == "mujoco":
+        return create_native(mj_model, ctrl_dt, dt, layout, pose)
+    # On this process's first device: the global device 0 belongs to process 0 in multi-process runs.
+    device = jax.local_devices()[0]
+    mjx_contract.require_impl(physics_impl, device)
+    if physics_impl == "jax":
+        mjx_contract.require_supported(mj_model)
+    mjx_model = mjx_contract.put_model(mj_model, physics_impl, device=device)
+    if physics_impl == "warp":
+        return MjxWarpEngine(mj_model, ctrl_dt, dt, pose, layout, mjx_model, max_envs)
+    return MjxJaxEngine(mj_model, ctrl_dt, dt, pose, layout, mjx_model)

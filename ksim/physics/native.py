@@ -1,0 +1,410 @@
+"""physics_impl='mujoco': C MuJoCo on the CPU, stepped from JAX through host callbacks into `mujoco.batch.Batch`.
+
+The env state stays in the JAX pytree (`NativeData`, float32 like every JAX state); each call writes it into a
+batch of simulations (float64, MuJoCo's precision), steps them on the batch's C threads and reads the state
+and the contract's derived fields back. A batch holds no state between calls, so resets, pooled starts,
+checkpoints and pmap sharding work on the pytree as with MJX, and a call's result depends on its inputs only.
+
+Under `jax.vmap` a callback receives every env of the call at once (`vmap_method="broadcast_all"`); under
+pmap each device's shard calls from its own thread, and takes a batch of its own from a lock-protected pool
+(a batch must not be called from two threads at once).
+
+`control` runs in JAX at every substep, as with MJX: each substep but the last is one callback, and the last
+one also computes the positions', velocities' (and, with acceleration sensors, accelerations') stages at the
+final state, so the data a control step returns is current for it. Contacts are computed by their own
+callback (`mj_forward` of the state, then the contact list and the constraint forces): only a program that
+reads `ctx.contacts` runs it, because XLA drops a pure callback whose results nothing uses.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import math
+import os
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import jax.extend.core
+import jax.numpy as jnp
+import mujoco
+import mujoco.batch
+import numpy as np
+from flax import struct
+
+from ksim.config import ConfigError
+from ksim.engine import Contacts, PhysicsEngine
+
+Array = jax.Array
+
+STATE = ("qpos", "qvel", "act", "qacc_warmstart", "time", "ctrl", "xfrc_applied")
+DERIVED = (
+    "xpos",
+    "xquat",
+    "xipos",
+    "cvel",
+    "subtree_com",
+    "site_xpos",
+    "site_xmat",
+    "geom_xpos",
+    "geom_xmat",
+    "sensordata",
+)
+CONTACT_FIELDS = ("geom1", "geom2", "dist", "pos", "normal_force")
+DEFAULT_CONTACT_ROWS = 32
+
+
+class NativeData(struct.PyTreeNode):
+    """One env's physics data: MuJoCo's state, the contract's derived fields for it, and the env's randomized
+    model fields (which the contacts' callback needs)."""
+
+    qpos: Array
+    qvel: Array
+    act: Array
+    qacc_warmstart: Array
+    time: Array
+    ctrl: Array
+    xfrc_applied: Array  # forces and torques on the bodies (pushes), as in mjx.Data
+    xpos: Array
+    xquat: Array
+    xipos: Array
+    cvel: Array
+    subtree_com: Array
+    site_xpos: Array
+    site_xmat: Array
+    geom_xpos: Array
+    geom_xmat: Array
+    sensordata: Array
+    fields: dict[str, Array]
+
+
+def field_shapes(mj_model: mujoco.MjModel) -> dict[str, tuple[int, ...]]:
+    """Per-env shapes of the state and derived fields (matrices as 3x3, as in mjx.Data)."""
+    m = mj_model
+    return {
+        "qpos": (m.nq,),
+        "qvel": (m.nv,),
+        "act": (m.na,),
+        "qacc_warmstart": (m.nv,),
+        "time": (),
+        "ctrl": (m.nu,),
+        "xfrc_applied": (m.nbody, 6),
+        "xpos": (m.nbody, 3),
+        "xquat": (m.nbody, 4),
+        "xipos": (m.nbody, 3),
+        "cvel": (m.nbody, 6),
+        "subtree_com": (m.nbody, 3),
+        "site_xpos": (m.nsite, 3),
+        "site_xmat": (m.nsite, 3, 3),
+        "geom_xpos": (m.ngeom, 3),
+        "geom_xmat": (m.ngeom, 3, 3),
+        "sensordata": (m.nsensordata,),
+    }
+
+
+class ModelDefaults:
+    """A model's fields as JAX arrays (what randomizations start from); sizes (`nu`, ...) as Python ints."""
+
+    def __init__(self, mj_model: mujoco.MjModel) -> None:
+        self._mj_model = mj_model
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(self._mj_model, name)
+        return jnp.asarray(value) if isinstance(value, np.ndarray) else value
+
+
+class _Sims:
+    """One batch of simulations and its bound arrays (live views of their rows)."""
+
+    def __init__(self, mj_model: mujoco.MjModel, nsim: int, nthread: int) -> None:
+        self.batch = mujoco.batch.Batch(mj_model, nsim, nthread)
+        self.nsim = nsim
+        self.arrays = {name: self.batch.bind(name) for name in (*STATE, *DERIVED)}
+        self.expanded: dict[str, np.ndarray] = {}
+
+    def write_fields(self, mj_model: mujoco.MjModel, n: int, fields: dict[str, np.ndarray]) -> None:
+        """Each env's own values of the randomized fields; the model's own values where a field that an earlier
+        call expanded is not randomized in this one."""
+        for name, values in fields.items():
+            if name not in self.expanded:
+                self.expanded[name] = self.batch.expand(name)
+            self.expanded[name][:n] = values
+        for name, live in self.expanded.items():
+            if name not in fields:
+                live[:n] = getattr(mj_model, name)
+
+
+class _Pool:
+    """Batches for concurrent callers (one per pmap device shard at a time), made on first need."""
+
+    def __init__(self, mj_model: mujoco.MjModel, nthread: int) -> None:
+        self._mj_model, self._nthread = mj_model, nthread
+        self._free: list[_Sims] = []
+        self._lock = threading.Lock()
+
+    @contextmanager
+    def take(self, n: int) -> Iterator[_Sims]:
+        with self._lock:
+            fitting = sorted((s for s in self._free if s.nsim >= n), key=lambda s: s.nsim)
+            sims = fitting[0] if fitting else None
+            if sims is not None:
+                self._free.remove(sims)
+        if sims is None:
+            sims = _Sims(self._mj_model, n, self._nthread)
+        try:
+            yield sims
+        finally:
+            with self._lock:
+                self._free.append(sims)
+
+
+def _flat(array: np.ndarray, lead: tuple[int, ...], n: int) -> np.ndarray:
+    return np.asarray(array).reshape((n, *array.shape[len(lead) :]))
+
+
+@dataclass(frozen=True)
+class NativeEngine(PhysicsEngine):
+    """The model in C MuJoCo; `contact_rows` rows of each env's contact table (the deepest contacts first)."""
+
+    contact_rows: int = DEFAULT_CONTACT_ROWS
+    nthread: int = 1
+    physics_impl = "mujoco"
+
+    @property
+    def field_defaults(self) -> ModelDefaults:
+        return ModelDefaults(self.mj_model)
+
+    @functools.cached_property
+    def _pool(self) -> _Pool:
+        return _Pool(self.mj_model, self.nthread)
+
+    @functools.cached_property
+    def _shapes(self) -> dict[str, tuple[int, ...]]:
+        return field_shapes(self.mj_model)
+
+    @property
+    def _final_stage(self) -> int:
+        stage = mujoco.mjtStage.mjSTAGE_ACC if self.has_acceleration_sensors else mujoco.mjtStage.mjSTAGE_VEL
+        return int(stage)
+
+    # ----- the host side -------------------------------------------------------------------------------------
+
+    def _host(
+        self, nstep: int, final: bool, names: tuple[str, ...], outputs: tuple[str, ...], *arrays: np.ndarray
+    ) -> tuple[np.ndarray, ...]:
+        """Writes the envs' state and fields into a batch, runs `nstep` substeps (0: the forward stages only),
+        computes the stages at the final state if `final`, and reads `outputs` back (float32, in the callers'
+        leading shape)."""
+        lead = arrays[0].shape[:-1]
+        n = math.prod(lead)
+        state = [_flat(a, lead, n) for a in arrays[: len(STATE)]]
+        fields = {name: _flat(a, lead, n) for name, a in zip(names, arrays[len(STATE) :], strict=True)}
+        fields = with_subtree_mass(self.mj_model, fields)
+        failed: Sequence[int] = ()
+        with self._pool.take(n) as sims:
+            for name, values in zip(STATE, state, strict=True):
+                sims.arrays[name][:n] = values
+            sims.write_fields(self.mj_model, n, fields)
+            ids = None if n == sims.nsim else np.arange(n)
+            try:
+                if nstep == 0:
+                    sims.batch.forward(ids, self._final_stage)
+                else:
+                    stage = self._final_stage if final else int(mujoco.mjtStage.mjSTAGE_NONE)
+                    sims.batch.step(ids, nstep, stage)
+            except mujoco.batch.SimulationError as error:
+                failed = list(error.ids)
+            results = [np.asarray(sims.arrays[name][:n], np.float32) for name in outputs]
+        if failed:  # MuJoCo refused to step them: a NaN state ends their episodes (`physics_diverged`)
+            for result in results:
+                result[np.asarray(failed)] = np.nan
+        return tuple(r.reshape((*lead, *self._shapes[name])) for r, name in zip(results, outputs, strict=True))
+
+    def _call(self, nstep: int, final: bool, data: NativeData, outputs: tuple[str, ...]) -> dict[str, Array]:
+        names = tuple(sorted(data.fields))
+        unknown = [name for name in names if name not in mujoco.batch.MODEL_FIELDS]
+        if unknown:
+            raise ConfigError(f"physics_impl='mujoco' cannot randomize the model fields {', '.join(unknown)}")
+        shapes = tuple(jax.ShapeDtypeStruct(self._shapes[name], jnp.float32) for name in outputs)
+        results = jax.pure_callback(
+            functools.partial(self._host, nstep, final, names, outputs),
+            shapes,
+            *(jnp.asarray(getattr(data, name), jnp.float32) for name in STATE),
+            *(jnp.asarray(data.fields[name], jnp.float32) for name in names),
+            vmap_method="broadcast_all",
+        )
+        return dict(zip(outputs, results, strict=True))
+
+    # ----- the engine interface ------------------------------------------------------------------------------
+
+    def _blank(self, qpos: Array, qvel: Array, fields: dict[str, Array] | None) -> NativeData:
+        zeros = {name: jnp.zeros(shape, jnp.float32) for name, shape in self._shapes.items()}
+        zeros.update(qpos=jnp.asarray(qpos, jnp.float32), qvel=jnp.asarray(qvel, jnp.float32))
+        return NativeData(**zeros, fields=dict(fields or {}))
+
+    def make_data(self, qpos: Array, qvel: Array, fields: dict[str, Array] | None = None) -> NativeData:
+        """`mj_forward`'s position and velocity stages at the pose (the whole `mj_forward` with acceleration
+        sensors), from zero activations, controls, warm start and time."""
+        data = self._blank(qpos, qvel, fields)
+        return data.replace(**self._call(0, True, data, DERIVED))
+
+    def step(
+        self, data: NativeData, control: Callable[[NativeData], Array], fields: dict[str, Array] | None = None
+    ) -> tuple[NativeData, Array]:
+        """`num_substeps` calls of `mj_step`, the control evaluated before each from the state it starts from;
+        the derived fields are then computed at the final state. A control that does not read the state (torques,
+        the model's own servos) is evaluated once, and all substeps are one call."""
+        data = data.replace(fields=dict(fields or {}))
+        everything = (*STATE, *DERIVED)
+        if not reads_state(control, data):
+            data = data.replace(ctrl=jnp.asarray(control(data), jnp.float32))
+            return data.replace(**self._call(self.num_substeps, True, data, everything)), data.ctrl
+
+        def substep(data: NativeData, _: None) -> tuple[NativeData, None]:
+            data = data.replace(ctrl=jnp.asarray(control(data), jnp.float32))
+            return data.replace(**self._call(1, False, data, STATE)), None
+
+        data, _ = jax.lax.scan(substep, data, None, length=self.num_substeps - 1)
+        data = data.replace(ctrl=jnp.asarray(control(data), jnp.float32))
+        return data.replace(**self._call(1, True, data, everything)), data.ctrl
+
+    def velocities_changed(self, data: NativeData, fields: dict[str, Array] | None = None) -> NativeData:
+        """The derived fields recomputed for the new velocities (a step reads only the state, so a program
+        that steps right after drops this callback)."""
+        data = data.replace(fields=dict(fields or {}))
+        return data.replace(**self._call(0, True, data, DERIVED))
+
+    def contacts(self, data: NativeData) -> Contacts:
+        names = tuple(sorted(data.fields))
+        rows = self.contact_rows
+        shapes = (
+            jax.ShapeDtypeStruct((rows,), jnp.int32),
+            jax.ShapeDtypeStruct((rows,), jnp.int32),
+            jax.ShapeDtypeStruct((rows,), jnp.float32),
+            jax.ShapeDtypeStruct((rows, 3), jnp.float32),
+            jax.ShapeDtypeStruct((rows,), jnp.float32),
+        )
+        table = jax.pure_callback(
+            functools.partial(self._contacts_host, names),
+            shapes,
+            *(jnp.asarray(getattr(data, name), jnp.float32) for name in STATE),
+            *(jnp.asarray(data.fields[name], jnp.float32) for name in names),
+            vmap_method="broadcast_all",
+        )
+        return Contacts(*table)
+
+    @functools.cached_property
+    def _scratch(self) -> threading.local:
+        return threading.local()
+
+    def _contacts_host(self, names: tuple[str, ...], *arrays: np.ndarray) -> tuple[np.ndarray, ...]:
+        """Each env's contacts: `mj_forward` of its state in this thread's own model and data."""
+        lead = arrays[0].shape[:-1]
+        n = math.prod(lead)
+        state = [_flat(a, lead, n) for a in arrays[: len(STATE)]]
+        by_name = {name: _flat(a, lead, n) for name, a in zip(names, arrays[len(STATE) :], strict=True)}
+        by_name = with_subtree_mass(self.mj_model, by_name)
+        names, fields = tuple(by_name), list(by_name.values())
+        scratch = self._scratch
+        if not hasattr(scratch, "model"):
+            scratch.model = copy.copy(self.mj_model)
+            scratch.data = mujoco.MjData(scratch.model)
+            scratch.written = set()
+        model, mj_data = scratch.model, scratch.data
+        for name in scratch.written - set(names):  # randomized by an earlier call, not by this one
+            getattr(model, name)[...] = getattr(self.mj_model, name)
+        scratch.written = set(names)
+        rows = self.contact_rows
+        table = (
+            np.full((n, rows), -1, np.int32),
+            np.full((n, rows), -1, np.int32),
+            np.ones((n, rows), np.float32),
+            np.zeros((n, rows, 3), np.float32),
+            np.zeros((n, rows), np.float32),
+        )
+        for env in range(n):
+            for name, values in zip(names, fields, strict=True):
+                getattr(model, name)[...] = values[env]
+            for name, values in zip(STATE, state, strict=True):
+                if name == "time":
+                    mj_data.time = float(values[env])
+                else:
+                    getattr(mj_data, name)[...] = values[env]
+            mujoco.mj_forward(model, mj_data)
+            _fill_contacts(model, mj_data, [t[env] for t in table])
+        return tuple(t.reshape((*lead, *t.shape[1:])) for t in table)
+
+
+def with_subtree_mass(mj_model: mujoco.MjModel, fields: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """`fields` and, where they randomize `body_mass`, each env's `body_subtreemass`: C MuJoCo divides by that
+    constant (`mj_setConst` derives it) where MJX sums the masses it is given, for the subtrees' centres of mass."""
+    if "body_mass" not in fields:
+        return fields
+    subtree = np.array(fields["body_mass"], np.float64)
+    for body in range(mj_model.nbody - 1, 0, -1):  # MuJoCo numbers every body after its parent
+        subtree[:, mj_model.body_parentid[body]] += subtree[:, body]
+    return {**fields, "body_subtreemass": subtree}
+
+
+def reads_state(control: Callable[[NativeData], Array], data: NativeData) -> bool:
+    """Whether `control`'s result depends on the data it is given (traced once: the dependencies of its
+    outputs, walked back through its equations to its inputs)."""
+    leaves, treedef = jax.tree.flatten(data)
+    jaxpr = jax.make_jaxpr(lambda *leaves: control(jax.tree.unflatten(treedef, leaves)))(*leaves).jaxpr
+    needed = {v for v in jaxpr.outvars if isinstance(v, jax.extend.core.Var)}
+    for eqn in reversed(jaxpr.eqns):
+        if any(v in needed for v in eqn.outvars):
+            needed |= {v for v in eqn.invars if isinstance(v, jax.extend.core.Var)}
+    return any(v in needed for v in jaxpr.invars)
+
+
+def _fill_contacts(model: mujoco.MjModel, data: mujoco.MjData, table: list[np.ndarray]) -> None:
+    """The deepest contacts of `data` into one env's rows; the normal force as `mj_contactForce` gives it (a
+    pyramidal cone's facets each push along the normal by their whole force)."""
+    ncon = int(data.ncon)
+    if ncon == 0:
+        return
+    contact = data.contact
+    order = np.argsort(contact.dist[:ncon], kind="stable")[: table[0].shape[0]]
+    geom1, geom2, dist, pos, normal_force = table
+    count = len(order)
+    geom1[:count] = contact.geom1[order]
+    geom2[:count] = contact.geom2[order]
+    dist[:count] = contact.dist[order]
+    pos[:count] = contact.pos[order]
+    dim, address = contact.dim[order], contact.efc_address[order]
+    pyramidal = int(model.opt.cone) == mujoco.mjtCone.mjCONE_PYRAMIDAL
+    facets = np.where(dim == 1, 1, 2 * (dim - 1)) if pyramidal else np.ones_like(dim)
+    for row in range(count):
+        if address[row] >= 0:
+            normal_force[row] = data.efc_force[address[row] : address[row] + facets[row]].sum()
+
+
+def default_threads() -> int:
+    """C threads per batch: the machine's cores shared by the process's devices (pmap steps them at once)."""
+    return max(1, (os.cpu_count() or 1) // max(1, jax.local_device_count()))
+
+
+def create_native(
+    mj_model: mujoco.MjModel,
+    ctrl_dt: float,
+    dt: float,
+    layout: Any,
+    default_qpos: np.ndarray,
+    contact_rows: int = DEFAULT_CONTACT_ROWS,
+) -> NativeEngine:
+    device = jax.local_devices()[0]
+    if device.platform != "cpu":
+        raise ConfigError(
+            f"physics_impl='mujoco' runs on CPU devices only, not on {device}; choose physics_impl='jax' or 'warp'"
+        )
+    try:
+        probe = mujoco.batch.Batch(mj_model, 1, 1)
+        probe.forward()
+    except (ValueError, mujoco.FatalError, mujoco.batch.SimulationError) as error:
+        raise ConfigError(f"MuJoCo cannot run this model: {str(error).splitlines()[0]}") from None
+    return NativeEngine(mj_model, ctrl_dt, dt, default_qpos, layout, contact_rows, default_threads())

@@ -1,0 +1,212 @@
+"""physics_impl='mujoco' (C MuJoCo through mujoco.batch): its control step against MuJoCo's own `mj_step` loop
+and against the JAX implementation on the MJX contract model (contacts, an equality, tendons, activation, a
+push, a randomized field), its contacts against `mj_contactForce`, a train step on 1 and 2 devices, a model
+MJX refuses, and the refusals."""
+
+import copy
+from types import SimpleNamespace
+
+import jax
+import jax.numpy as jnp
+import mujoco
+import numpy as np
+import pytest
+from helpers import DistributedBallTask, distributed_ball_config
+from test_mjx_contract import NUM_ENVS, SUBSTEPS, contract_model, engine_run
+
+from ksim.config import ConfigError
+from ksim.engine import load_mujoco_model
+from ksim.physics import create_engine
+from ksim.physics.native import STATE, NativeData, reads_state
+from ksim.task.checkpointing import physics_impl_note
+
+MASS_SCALES = np.array([0.7, 1.4])
+
+
+def starts(mj_model: mujoco.MjModel) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(2)
+    qpos = np.tile(mj_model.qpos0, (NUM_ENVS, 1)).astype(np.float32)
+    qpos[:, 7:] = rng.uniform(-0.3, 0.3, (NUM_ENVS, mj_model.nq - 7))
+    qvel = rng.uniform(-0.5, 0.5, (NUM_ENVS, mj_model.nv)).astype(np.float32)
+    mass = np.tile(mj_model.body_mass, (NUM_ENVS, 1)).astype(np.float32)
+    mass[:, 1] *= MASS_SCALES
+    push = np.zeros((mj_model.nbody, 6), np.float32)
+    push[1] = rng.normal(size=6)
+    return qpos, qvel, mass, push
+
+
+def law(qpos: np.ndarray, qvel: np.ndarray, xp: object = np) -> np.ndarray:
+    """A control of the state that float32 NumPy and XLA compute alike (no transcendental functions)."""
+    return xp.concatenate([xp.clip(-2.0 * qpos[7:], -1.0, 1.0), -qvel[6:7]])  # type: ignore[attr-defined, no-any-return]
+
+
+@pytest.fixture(scope="module")
+def native_steps() -> tuple[mujoco.MjModel, NativeData]:
+    """Three control steps of each env (a push before the first) on the native engine."""
+    engine = create_engine(contract_model("Euler"), SUBSTEPS * 0.005, 0.005, physics_impl="mujoco")
+    qpos, qvel, mass, push = starts(engine.mj_model)
+
+    def one(qpos: jax.Array, qvel: jax.Array, mass: jax.Array) -> NativeData:
+        fields = {"body_mass": mass}
+        data = engine.make_data(qpos, qvel, fields)
+        data = engine.velocities_changed(data.replace(qvel=data.qvel.at[0].add(0.3)), fields)
+        data = data.replace(xfrc_applied=jnp.asarray(push))
+        for _ in range(3):
+            data = engine.step(data, lambda d: law(d.qpos, d.qvel, jnp), fields)[0]
+        return data
+
+    return engine.mj_model, jax.jit(jax.vmap(one))(qpos, qvel, mass)
+
+
+def descends(model: mujoco.MjModel, body: int, ancestor: int) -> bool:
+    while body != ancestor and body != 0:
+        body = int(model.body_parentid[body])
+    return body == ancestor
+
+
+def reference(mj_model: mujoco.MjModel, env: int) -> mujoco.MjData:
+    """MuJoCo's own loop: `mj_step` from the state rounded to float32 at each substep, as the JAX state holds
+    it, then `mj_forward` at the final state (the engine computes those fields before rounding the state)."""
+    qpos, qvel, mass, push = starts(mj_model)
+    model = copy.copy(mj_model)
+    model.body_mass[:] = mass[env]
+    for body in range(model.nbody):  # the subtrees' masses follow, as MJX computes them from the masses
+        model.body_subtreemass[body] = sum(model.body_mass[b] for b in range(model.nbody) if descends(model, b, body))
+    data = mujoco.MjData(model)
+    data.qpos[:], data.qvel[:] = qpos[env], qvel[env]
+    data.qvel[0] += np.float32(0.3)
+    data.xfrc_applied[:] = push
+    for _ in range(3 * SUBSTEPS):
+        for name in ("qpos", "qvel", "act", "qacc_warmstart"):
+            getattr(data, name)[:] = np.float32(getattr(data, name))
+        data.time = float(np.float32(data.time))
+        data.ctrl[:] = law(data.qpos, data.qvel)
+        mujoco.mj_step(model, data)
+    mujoco.mj_forward(model, data)  # the derived fields of the final state, before it is rounded
+    return data
+
+
+def test_the_control_step_is_mujocos_own_step_loop(native_steps: tuple[mujoco.MjModel, NativeData]) -> None:
+    mj_model, native = native_steps
+    for env in range(NUM_ENVS):
+        expected = reference(mj_model, env)
+        for name in (*STATE, "xpos", "xquat", "cvel", "subtree_com", "sensordata"):
+            got = np.asarray(getattr(native, name)[env])
+            want = np.float32(getattr(expected, name)).reshape(got.shape)  # the final state, rounded as JAX holds it
+            np.testing.assert_array_equal(got, want, err_msg=name)
+        np.testing.assert_array_equal(native.site_xmat[env], np.float32(expected.site_xmat).reshape(-1, 3, 3))
+    assert abs(float(native.qpos[0, 2] - native.qpos[1, 2])) > 1e-4  # the two torso masses move apart
+    assert np.any(native.act != 0)  # the filter and the integrated-velocity servo have activations
+
+
+def test_contacts_are_those_mj_contact_force_reports(native_steps: tuple[mujoco.MjModel, NativeData]) -> None:
+    mj_model, native = native_steps
+    engine = create_engine(mj_model, SUBSTEPS * 0.005, 0.005, physics_impl="mujoco")
+    table = jax.jit(jax.vmap(engine.contacts))(native)
+    for env in range(NUM_ENVS):
+        expected = reference(mj_model, env)
+        assert expected.ncon > 0
+        force = np.zeros(6)
+        wanted = []
+        for i in range(expected.ncon):
+            mujoco.mj_contactForce(mj_model, expected, i, force)
+            contact = expected.contact[i]
+            wanted.append((contact.dist, contact.geom1, contact.geom2, force[0], *contact.pos))
+        wanted.sort()
+        rows = len(wanted)
+        got = np.stack(
+            [table.dist[env, :rows], table.geom1[env, :rows], table.geom2[env, :rows], table.normal_force[env, :rows]],
+            axis=1,
+        )
+        np.testing.assert_allclose(got, np.float32(np.array(wanted)[:, :4]), rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(table.pos[env, :rows], np.array(wanted)[:, 4:], atol=1e-5)
+        assert np.all(table.geom1[env, rows:] == -1) and np.all(table.normal_force[env, rows:] == 0)
+        assert np.any(table.normal_force[env, :rows] > 0)
+
+
+def test_the_native_step_agrees_with_the_jax_one() -> None:
+    """test_mjx_contract's run (a push, a PD control, randomized torso masses) on both implementations."""
+    _, native = engine_run("mujoco")
+    _, mjx_data = engine_run("jax")
+    close = {"atol": 2e-3, "rtol": 2e-3}
+    for name in ("qpos", "qvel", "act", "xpos", "subtree_com"):
+        np.testing.assert_allclose(getattr(native, name), getattr(mjx_data, name), err_msg=name, **close)
+
+
+class PgsBallTask(DistributedBallTask):
+    """The test ball on MuJoCo's PGS solver, which MJX refuses."""
+
+    def get_mujoco_model(self) -> mujoco.MjModel:
+        mj_model = super().get_mujoco_model()
+        mj_model.opt.solver = mujoco.mjtSolver.mjSOL_PGS
+        return mj_model
+
+
+def test_a_train_step_on_one_and_two_devices_agrees() -> None:
+    """Resets, 9 randomized fields, pushes and commands on a model MJX refuses (the PGS solver); no program
+    compiles after the first train step."""
+    with pytest.raises(ConfigError, match="MJX"):
+        PgsBallTask(distributed_ball_config(physics_impl="jax"))
+    results = []
+    for devices in (1, 2):
+        task = PgsBallTask(distributed_ball_config(num_devices=devices, physics_impl="mujoco"))
+        assert task.engine.physics_impl == "mujoco"
+        assert task.engine.mj_model.opt.solver == mujoco.mjtSolver.mjSOL_PGS
+        state, metrics = task.train_step(task.init_train_state())
+        programs = len(task._compiled)
+        state, metrics = task.train_step(state)
+        assert len(task._compiled) == programs
+        results.append((task.fetch_replicated(state.shared), task.fetch_replicated(metrics)))
+    (one, one_metrics), (two, two_metrics) = results
+    for a, b in zip(jax.tree.leaves(one), jax.tree.leaves(two), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(one_metrics["loss"], two_metrics["loss"], rtol=1e-4)
+
+
+def test_a_model_mjx_refuses_steps_natively() -> None:
+    mj_model = load_mujoco_model("hopper.xml")
+    mj_model.opt.solver = mujoco.mjtSolver.mjSOL_PGS
+    with pytest.raises(ConfigError, match="MJX"):
+        create_engine(mj_model, 0.02, 0.005, physics_impl="jax")
+    engine = create_engine(mj_model, 0.02, 0.005, physics_impl="mujoco")
+    data = engine.make_data(jnp.asarray(engine.default_qpos), jnp.zeros(mj_model.nv))
+    data, _ = jax.jit(lambda d: engine.step(d, lambda _: jnp.ones(engine.action_dim)))(data)
+    assert np.all(np.isfinite(data.qpos)) and float(data.time) == pytest.approx(0.02)
+
+
+def test_physics_impl_mujoco_on_a_gpu_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(jax, "local_devices", lambda: [SimpleNamespace(platform="gpu")])
+    with pytest.raises(ConfigError, match=r"physics_impl='mujoco' runs on CPU devices only.*'jax' or 'warp'"):
+        create_engine(contract_model("Euler"), 0.02, 0.005, physics_impl="mujoco")
+
+
+def test_a_control_that_reads_no_state_steps_all_substeps_in_one_call() -> None:
+    """Torques (or the model's servos) stay the same over a control step: MuJoCo steps its substeps at once,
+    from the state as JAX holds it, like `mj_step` with that control."""
+    mj_model = load_mujoco_model("hopper.xml")
+    engine = create_engine(mj_model, 0.02, 0.005, physics_impl="mujoco")
+    torque = jnp.linspace(-1.0, 1.0, engine.action_dim)
+    probe = engine.make_data(jnp.asarray(engine.default_qpos), jnp.zeros(mj_model.nv))
+    assert not reads_state(lambda _: torque, probe)
+    assert reads_state(lambda d: -d.qvel[3:], probe)
+    data = probe
+    for _ in range(2):
+        data, ctrl = jax.jit(lambda d: engine.step(d, lambda _: torque))(data)
+    np.testing.assert_array_equal(ctrl, torque)
+    expected = mujoco.MjData(mj_model)
+    expected.qpos[:] = np.float32(engine.default_qpos)
+    for _ in range(2):
+        expected.ctrl[:] = np.asarray(torque)
+        mujoco.mj_step(mj_model, expected, nstep=engine.num_substeps)
+        for name in ("qpos", "qvel", "qacc_warmstart"):
+            getattr(expected, name)[:] = np.float32(getattr(expected, name))
+    for name in ("qpos", "qvel", "qacc_warmstart"):
+        np.testing.assert_array_equal(getattr(data, name), np.float32(getattr(expected, name)), err_msg=name)
+
+
+def test_resuming_with_another_physics_impl_says_so_in_one_line() -> None:
+    note = physics_impl_note({"physics_impl": "jax"}, {"physics_impl": "mujoco"})
+    assert note is not None and "\n" not in note
+    assert "physics_impl='jax'" in note and "physics_impl='mujoco'" in note
+    assert physics_impl_note({"physics_impl": "mujoco"}, {"physics_impl": "mujoco"}) is None
+    assert physics_impl_note({}, {"physics_impl": "mujoco"}) is None  # written before the field existed
