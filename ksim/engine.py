@@ -267,9 +267,19 @@ class StepContext(struct.PyTreeNode):
     last_action: Array
     ctrl: Array
     command: Array
-    contacts: Contacts
+    contact_table: Contacts | None  # None where the physics has no per-env contacts (Warp)
     layout: ModelLayout = struct.field(pytree_node=False)
     ctrl_dt: float = struct.field(pytree_node=False)
+
+    @property
+    def contacts(self) -> Contacts:
+        """The contacts of the state the control step ends in."""
+        if self.contact_table is None:
+            raise ConfigError(
+                "a component reads contacts, which physics_impl='warp' does not give per env (MuJoCo Warp pools "
+                "every env's contacts); set physics_impl='jax' or 'mujoco'"
+            )
+        return self.contact_table
 
     # ----- joints (the robot joints unless named) ------------------------------------------------------
 
@@ -398,8 +408,8 @@ class PhysicsEngine(ABC):
         """Brings the velocity-dependent quantities up to date after something (an event) changed `qvel`."""
 
     @abstractmethod
-    def contacts(self, data: PhysicsData) -> Contacts:
-        """The contacts of `data`'s state."""
+    def contacts(self, data: PhysicsData) -> Contacts | None:
+        """The contacts of `data`'s state (None where the implementation has no per-env contacts)."""
 
     def context(
         self,

@@ -84,6 +84,7 @@ class MjxWarpEngine(PhysicsEngine):
         """A whole `mjx.forward`: Warp's stages are no public functions."""
         return self._forward(self.model(fields), data)
 
-    def contacts(self, data: mjx.Data) -> Contacts:
-        # The pool holds every env's contacts with its world's index, which a vmapped env cannot know.
-        raise NotImplementedError("contacts with physics_impl='warp'")
+    def contacts(self, data: mjx.Data) -> Contacts | None:
+        # The pool holds every env's contacts with its world's index, which a vmapped env cannot know; a component
+        # that reads them is refused (StepContext.contacts).
+        return None
