@@ -8,10 +8,9 @@ os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_
 # identical programs built by different test modules (same task, same shapes) compile once.
 os.environ["XDG_CACHE_HOME"] = str(Path(__file__).resolve().parents[1] / ".jax_cache")
 
+import ksim  # noqa: F401, I001  (first: its process settings must precede jaxlib's start, as in a launched run)
 import jax
 import pytest
-
-import ksim  # noqa: F401  (sizes the CPU thread pool before JAX starts)
 
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
 
