@@ -26,6 +26,7 @@ from ksim.randomization import Randomization, Randomized, sample_randomizations
 from ksim.reporting import unique_names
 from ksim.resets import Reset
 from ksim.rewards import Reward
+from ksim.stateful import Stateful
 from ksim.task.types import Episode, Trajectory, Transition
 from ksim.terminations import Termination, physics_diverged
 
@@ -52,6 +53,19 @@ class Components:
     @functools.cached_property
     def reward_names(self) -> list[str]:
         return unique_names([reward.name for reward in self.rewards])
+
+    @functools.cached_property
+    def stateful(self) -> list[tuple[str, Stateful]]:
+        """The stateful rewards and terminations, each with its key in `Episode.component_state`."""
+        components = [c for c in (*self.rewards, *self.terminations) if isinstance(c, Stateful)]
+        return list(zip(unique_names([type(c).__name__ for c in components]), components, strict=True))
+
+    def with_state(self, component: object, ctx: StepContext, states: dict[str, Any]) -> StepContext:
+        """`ctx` with `component`'s own state in `ctx.state` (unchanged for a stateless component)."""
+        for key, stateful in self.stateful:
+            if stateful is component:
+                return ctx.replace(state=states[key])
+        return ctx
 
 
 @dataclass(frozen=True)
@@ -128,6 +142,7 @@ class Environment:
         no_action = jnp.zeros(engine.action_dim)
         command, command_timer = start_command(parts.command, command_key, ctrl_dt)
         obs = self.observe(engine.context(data, data, no_action, no_action, data.ctrl, command))
+        component_state = {key: c.initial_state(engine.layout) for key, c in parts.stateful}
         return Episode(
             data=data,
             obs=obs,
@@ -140,6 +155,7 @@ class Environment:
             command_timer=command_timer,
             event_timers=start_event_timers(parts.events, event_key, ctrl_dt),
             action_queue=jnp.zeros((self.settings.action_delay_steps, engine.action_dim)),
+            component_state=component_state,
         )
 
     def step_env(self, shared: Any, episode: Episode, deterministic: bool = False) -> tuple[Episode, Transition]:
@@ -167,9 +183,16 @@ class Environment:
             parts.command, episode.command, episode.command_timer, command_key, ctrl_dt
         )
         next_obs = jnp.where(diverged, 0.0, self.observe(ctx.replace(command=command)))
-        reward_terms = {name: reward(ctx) for name, reward in zip(parts.reward_names, parts.rewards, strict=True)}
+        states = episode.component_state
+        terminations = (t.terminated(parts.with_state(t, ctx, states)) for t in parts.terminations)
+        terminated = functools.reduce(jnp.logical_or, terminations, diverged)
+        ended = ctx.replace(terminated=terminated)  # a termination penalty reads it
+        reward_terms = {
+            name: reward(parts.with_state(reward, ended, states))
+            for name, reward in zip(parts.reward_names, parts.rewards, strict=True)
+        }
         reward = jnp.where(diverged, 0.0, sum(reward_terms.values(), jnp.zeros(())))
-        terminated = functools.reduce(jnp.logical_or, (t.terminated(ctx) for t in parts.terminations), diverged)
+        component_state = {key: c.next_state(ctx.replace(state=states[key])) for key, c in parts.stateful}
         episode_length = episode.episode_length + 1
         truncated = (episode_length >= self.settings.max_episode_steps) & ~terminated
         episode_return = episode.episode_return + reward
@@ -184,6 +207,7 @@ class Environment:
             command_timer=command_timer,
             event_timers=event_timers,
             action_queue=action_queue,
+            component_state=component_state,
         )
         trajectory = Trajectory(obs, next_obs, action, reward, terminated, truncated)
         return stepped, Transition(trajectory, episode_return, episode_length, reward_terms)
