@@ -63,7 +63,7 @@ class QuadrupedTask(DistributedPPOTask[QuadrupedConfig]):
             rew.ForwardVelocity(scale=2.0, target=self.config.target_velocity, sigma=0.5),
             rew.FootSwingTracking(scale=0.5, feet=FEET, offsets=TROT, period_s=self.config.gait_period_s),
             rew.Upright(scale=0.5),
-            rew.FeetSlip(scale=-0.1, feet=FEET),
+            rew.FeetSlip(scale=-0.1, feet=FEET, contact_height=0.03),
             rew.JointPoseDeviation(scale=-0.1, pose=self.home_pose),
             rew.ControlCost(scale=-2e-4),
             rew.ActionRatePenalty(scale=-0.01),

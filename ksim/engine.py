@@ -15,6 +15,7 @@ resets, joint observations) means the robot joints unless a component names join
 
 from __future__ import annotations
 
+import functools
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
@@ -84,6 +85,16 @@ class ModelLayout:
     body_rootid: tuple[int, ...]
     joint_body: tuple[int, ...]  # per joint, the body it moves
     geom_names: tuple[str, ...] = ()
+    geom_body: tuple[int, ...] = ()
+    geom_collides: tuple[bool, ...] = ()  # whether the geom has a contype or conaffinity bit
+    site_names: tuple[str, ...] = ()
+    site_body: tuple[int, ...] = ()
+    sensor_names: tuple[str, ...] = ()
+    sensor_adr: tuple[int, ...] = ()  # per sensor, its first index in sensordata
+    sensor_dim: tuple[int, ...] = ()
+    joint_range: tuple[tuple[float, float] | None, ...] = ()  # per joint, its limits (None: unlimited)
+    default_qpos: tuple[float, ...] = ()  # the first keyframe's qpos, or qpos0 without keyframes
+    actuators: ActuatorTable | None = None
 
     @classmethod
     def create(
@@ -116,6 +127,16 @@ class ModelLayout:
             body_rootid=tuple(int(r) for r in mj_model.body_rootid),
             joint_body=tuple(int(b) for b in mj_model.jnt_bodyid),
             geom_names=_names(mj_model, mujoco.mjtObj.mjOBJ_GEOM, mj_model.ngeom),
+            geom_body=tuple(int(b) for b in mj_model.geom_bodyid),
+            geom_collides=tuple(bool(c) for c in (mj_model.geom_contype | mj_model.geom_conaffinity)),
+            site_names=_names(mj_model, mujoco.mjtObj.mjOBJ_SITE, mj_model.nsite),
+            site_body=tuple(int(b) for b in mj_model.site_bodyid),
+            sensor_names=_names(mj_model, mujoco.mjtObj.mjOBJ_SENSOR, mj_model.nsensor),
+            sensor_adr=tuple(int(a) for a in mj_model.sensor_adr),
+            sensor_dim=tuple(int(d) for d in mj_model.sensor_dim),
+            joint_range=tuple(_limits(mj_model, j) for j in range(mj_model.njnt)),
+            default_qpos=tuple(float(q) for q in default_pose(mj_model)),
+            actuators=ActuatorTable.create(mj_model),
         )
 
     @property
@@ -139,6 +160,69 @@ class ModelLayout:
                 f"{setting} is empty; name one or more of the model's joints: {_listed(self.joint_names)}"
             )
         return tuple(joint_index(self.joint_names, name, setting) for name in names)
+
+    @property
+    def default_joint_pos(self) -> np.ndarray:
+        """The robot joints' default pose (keyframe 0, or `qpos0` without keyframes)."""
+        return np.asarray(self.default_qpos, np.float32)[self.qpos_indices(self.robot_joints)]
+
+    def default_pos_of(self, joints: Sequence[int]) -> np.ndarray:
+        """The default pose of the given joints."""
+        return np.asarray(self.default_qpos, np.float32)[self.qpos_indices(joints)]
+
+    @functools.cached_property
+    def robot_root(self) -> int:
+        """The body under the world whose subtree is the robot (the base's root)."""
+        return self.body_rootid[self.base_body]
+
+    @functools.cached_property
+    def robot_geom_mask(self) -> np.ndarray:
+        """(ngeom,) whether each geom belongs to the robot (the base's subtree root)."""
+        return np.asarray([self.body_rootid[b] == self.robot_root for b in self.geom_body], bool)
+
+    def point(self, name: str, setting: str) -> Point:
+        """The frame named `name`: a site, else a geom, else a body; unknown names raise naming `setting`."""
+        for kind, names, bodies in ((SITE, self.site_names, self.site_body), (GEOM, self.geom_names, self.geom_body)):
+            if name in names:
+                index = names.index(name)
+                return Point(kind, index, bodies[index])
+        if name in self.body_names[1:]:
+            index = self.body_names.index(name)
+            return Point(BODY, index, index)
+        raise ConfigError(
+            f"{setting}: no site, geom or body named {name!r}; the model's sites are {_listed(self.site_names)}, "
+            f"its geoms {_listed(self.geom_names)}, its bodies {_listed(self.body_names[1:])}"
+        )
+
+    def contact_geoms(self, name: str, setting: str) -> tuple[int, ...]:
+        """The geoms that touch for `name`: a geom, else a body's colliding geoms; nothing that collides raises."""
+        if name in self.geom_names:
+            geoms: tuple[int, ...] = (self.geom_names.index(name),)
+        elif name in self.body_names[1:]:
+            body = self.body_names.index(name)
+            geoms = tuple(g for g, b in enumerate(self.geom_body) if b == body)
+        else:
+            colliding = [n for n, c in zip(self.geom_names, self.geom_collides, strict=True) if c]
+            raise ConfigError(
+                f"{setting}: no geom or body named {name!r}; the model's colliding geoms are {_listed(colliding)}, "
+                f"its bodies {_listed(self.body_names[1:])}"
+            )
+        geoms = tuple(g for g in geoms if self.geom_collides[g])
+        if not geoms:
+            colliding = [n for n, c in zip(self.geom_names, self.geom_collides, strict=True) if c]
+            raise ConfigError(
+                f"{setting}: {name!r} has no geom that can touch anything (contype and conaffinity are 0); name a "
+                f"colliding geom or body: {_listed(colliding)}"
+            )
+        return geoms
+
+    def sensor(self, name: str, setting: str) -> tuple[int, int]:
+        """(first index in sensordata, dimension) of the sensor `name`; unknown names raise naming `setting`."""
+        if name not in self.sensor_names:
+            known = _listed(self.sensor_names)
+            raise ConfigError(f"{setting}: no sensor named {name!r}; the model's sensors are {known}")
+        index = self.sensor_names.index(name)
+        return self.sensor_adr[index], self.sensor_dim[index]
 
     def names(self, joints: Sequence[int]) -> tuple[str, ...]:
         return tuple(self.joint_names[j] for j in joints)
@@ -167,6 +251,67 @@ class ModelLayout:
                 f"{component} needs a moving base, but the base body {base!r} is welded to the world (no joint moves "
                 "it); name a moving body with base_body=..."
             )
+
+
+SITE, GEOM, BODY = "site", "geom", "body"
+
+
+@dataclass(frozen=True)
+class Point:
+    """A frame a component measures at: a site, a geom or a body (`index` in its kind's table), on `body`."""
+
+    kind: str
+    index: int
+    body: int
+
+
+@dataclass(frozen=True)
+class ActuatorTable:
+    """Per actuator, what gives its force from ctrl and its joint's state (MuJoCo's affine gain and bias):
+    force = gain * ctrl + bias0 + bias1 * q + bias2 * qdot, clipped to its force range; None without joints."""
+
+    qpos: tuple[int, ...]
+    qvel: tuple[int, ...]
+    gain: tuple[float, ...]
+    bias: tuple[tuple[float, float, float], ...]
+    gear: tuple[float, ...]
+    force_range: tuple[tuple[float, float], ...]
+
+    @classmethod
+    def create(cls, mj_model: mujoco.MjModel) -> ActuatorTable | None:
+        """The table for a model whose actuators all drive one joint each with an affine gain and bias."""
+        joint_kinds = (mujoco.mjtTrn.mjTRN_JOINT, mujoco.mjtTrn.mjTRN_JOINTINPARENT)
+        affine = (int(mujoco.mjtGain.mjGAIN_FIXED), int(mujoco.mjtGain.mjGAIN_AFFINE))
+        for i in range(mj_model.nu):
+            if mujoco.mjtTrn(int(mj_model.actuator_trntype[i])) not in joint_kinds or mj_model.actuator_dyntype[i]:
+                return None
+            if int(mj_model.actuator_gaintype[i]) not in affine:
+                return None
+        joints = [int(j) for j in mj_model.actuator_trnid[:, 0]]
+        inf = float("inf")
+        return cls(
+            qpos=tuple(int(mj_model.jnt_qposadr[j]) for j in joints),
+            qvel=tuple(int(mj_model.jnt_dofadr[j]) for j in joints),
+            gain=tuple(float(g) for g in mj_model.actuator_gainprm[:, 0]),
+            bias=tuple((float(b[0]), float(b[1]), float(b[2])) for b in mj_model.actuator_biasprm[:, :3]),
+            gear=tuple(float(g) for g in mj_model.actuator_gear[:, 0]),
+            force_range=tuple(
+                (float(r[0]), float(r[1])) if limited else (-inf, inf)
+                for r, limited in zip(mj_model.actuator_forcerange, mj_model.actuator_forcelimited, strict=True)
+            ),
+        )
+
+
+def default_pose(mj_model: mujoco.MjModel) -> np.ndarray:
+    """The model's default qpos: its first keyframe's, or `qpos0` when it has none."""
+    return mj_model.key_qpos[0].copy() if mj_model.nkey > 0 else mj_model.qpos0.copy()
+
+
+def _limits(mj_model: mujoco.MjModel, joint: int) -> tuple[float, float] | None:
+    if not mj_model.jnt_limited[joint]:
+        return None
+    low, high = mj_model.jnt_range[joint]
+    return float(low), float(high)
 
 
 def actuated_joints(mj_model: mujoco.MjModel) -> frozenset[int]:
@@ -239,6 +384,12 @@ def body_velocity(layout: ModelLayout, data: mjx.Data, body: int) -> tuple[Array
     return angular, linear_at_com - jnp.cross(offset, angular)
 
 
+def point_velocity(layout: ModelLayout, data: mjx.Data, body: int, point: Array) -> Array:
+    """World-frame linear velocity of a world point fixed to a body, from MJX's com-based `cvel`."""
+    angular, linear_at_com = data.cvel[body, :3], data.cvel[body, 3:]
+    return linear_at_com - jnp.cross(point - data.subtree_com[layout.body_rootid[body]], angular)
+
+
 class Contacts(struct.PyTreeNode):
     """One env's contacts at a state, as a table of fixed size whatever the physics implementation.
 
@@ -270,6 +421,8 @@ class StepContext(struct.PyTreeNode):
     contact_table: Contacts | None  # None where the physics has no per-env contacts (Warp)
     layout: ModelLayout = struct.field(pytree_node=False)
     ctrl_dt: float = struct.field(pytree_node=False)
+    state: Any = None  # the stateful component's own state before this step (ksim.stateful); None for others
+    terminated: Array | None = None  # whether a termination ended the episode at this step (rewards only)
 
     @property
     def contacts(self) -> Contacts:
@@ -353,6 +506,40 @@ class StepContext(struct.PyTreeNode):
     def body_lin_vel_world(self, body: int) -> Array:
         return body_velocity(self.layout, self.data, body)[1]
 
+    # ----- sensors, named points, contacts ---------------------------------------------------------------
+
+    def sensor(self, name: str) -> Array:
+        """An MJCF sensor's values by name, as MuJoCo computes them into `sensordata`."""
+        start, dim = self.layout.sensor(name, "sensor")
+        return self.data.sensordata[start : start + dim]
+
+    def point_pos(self, point: Point) -> Array:
+        """World position of a site, geom or body frame."""
+        table = {SITE: self.data.site_xpos, GEOM: self.data.geom_xpos, BODY: self.data.xpos}[point.kind]
+        return table[point.index]
+
+    def point_lin_vel_world(self, point: Point) -> Array:
+        """World-frame linear velocity of a site, geom or body frame."""
+        return point_velocity(self.layout, self.data, point.body, self.point_pos(point))
+
+    def touching(self, geoms: Sequence[int]) -> Array:
+        """Per contact row, whether one of `geoms` touches (distance <= 0) a geom outside the robot."""
+        mine = np.zeros(len(self.layout.geom_names) + 1, bool)  # the extra entry: padding rows' geom -1
+        mine[list(geoms)] = True
+        outside = np.append(~self.layout.robot_geom_mask, False)
+        mine_j, outside_j = jnp.asarray(mine), jnp.asarray(outside)
+        g1, g2 = self.contacts.geom1, self.contacts.geom2
+        pair = (mine_j[g1] & outside_j[g2]) | (mine_j[g2] & outside_j[g1])
+        return pair & (self.contacts.dist <= 0)
+
+    def in_contact(self, geoms: Sequence[int]) -> Array:
+        """Whether any of `geoms` touches something outside the robot (the ground)."""
+        return jnp.any(self.touching(geoms))
+
+    def contact_force(self, geoms: Sequence[int]) -> Array:
+        """Sum of the normal forces (N) between `geoms` and whatever outside the robot they touch."""
+        return jnp.sum(jnp.where(self.touching(geoms), self.contacts.normal_force, 0.0))
+
 
 @dataclass(frozen=True)
 class PhysicsEngine(ABC):
@@ -423,11 +610,6 @@ class PhysicsEngine(ABC):
         command = jnp.zeros(0) if command is None else command
         contacts = self.contacts(data)
         return StepContext(data, prev_data, action, last_action, ctrl, command, contacts, self.layout, self.ctrl_dt)
-
-
-def default_pose(mj_model: mujoco.MjModel) -> np.ndarray:
-    """The first keyframe's qpos, or the model's qpos0 without one."""
-    return mj_model.key_qpos[0].copy() if mj_model.nkey > 0 else mj_model.qpos0.copy()
 
 
 def substeps_divide(ctrl_dt: float, dt: float) -> bool:

@@ -6,7 +6,7 @@
     python -m ksim.inspect MODEL.xml --compare-tuned  # also time it with the advice's <option> changes
 
 It prints the base body and root kind, the robot joints with their ranges, the actuators with their kind and
-the ksim actuator class that fits them, the sensors, the geom pairs MJX checks for contact at every step, the
+the ksim actuator class that fits them, the sites, the sensors, the geom pairs MJX checks for contact at every step, the
 features MJX cannot run, and (unless --no-timing) the measured time of one batched control step with advice
 where the model is expensive for MJX, and of the same step with physics_impl='mujoco' (C MuJoCo). Exit code 0;
 1 when MJX cannot run the model; 2 for bad arguments or a file that is no loadable model.
@@ -114,6 +114,15 @@ def actuator_lines(mj_model: mujoco.MjModel) -> list[str]:
         name = _name(mj_model, mujoco.mjtObj.mjOBJ_ACTUATOR, actuator)
         lines.append(f"  {name:<24} {kind:<14} {_actuator_detail(mj_model, actuator, kind)}")
     lines.append(f"  fits: {actuator_class(kinds)}")
+    return lines
+
+
+def site_lines(mj_model: mujoco.MjModel) -> list[str]:
+    """Each site with its body: components that name feet or points take site names (looked up first)."""
+    lines = [f"sites ({mj_model.nsite}; feet and points may be named by site, geom or body):"]
+    for site in range(mj_model.nsite):
+        body = _name(mj_model, mujoco.mjtObj.mjOBJ_BODY, int(mj_model.site_bodyid[site]))
+        lines.append(f"  {_name(mj_model, mujoco.mjtObj.mjOBJ_SITE, site):<24} on body {body}")
     return lines
 
 
@@ -273,6 +282,7 @@ def inspect_model(
         f"{option.ls_iterations}), cone {_enum(option.cone, mujoco.mjtCone, 'mjCONE_')}",
         *layout_lines(mj_model, layout),
         *actuator_lines(mj_model),
+        *site_lines(mj_model),
         *sensor_lines(mj_model),
         *contact_lines(mj_model, pairs),
     ]

@@ -19,12 +19,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from ksim.config import ConfigError
-from ksim.engine import ModelLayout, StepContext, body_index
+from ksim.engine import ModelLayout, StepContext
 
 Array = jax.Array
 
 
 NOISE_TYPES = ("gaussian", "uniform")
+DEFAULT_POSE = "default"  # JointPosition(offset=...) and JointPoseDeviation(pose=...): the model's default pose
 
 
 @dataclass(frozen=True)
@@ -51,20 +52,30 @@ def _clip(values: Array, clip: float | None) -> Array:
 
 @dataclass(frozen=True)
 class JointPosition(Observation):
-    """Joint positions (the robot joints, or the named ones), relative to `offset` (e.g. the default pose).
+    """Joint positions (the robot joints, or the named ones), relative to `offset`: values, or "default" for
+    the model's default pose (its first keyframe, or qpos0).
 
     The robot joints include the actuated joints of the base body: a fixed-base robot's first joint (a cart's
     slider, an arm's shoulder) is observed. A model without robot joints is refused when the task is built.
     """
 
-    offset: tuple[float, ...] | None = None
+    offset: tuple[float, ...] | str | None = None
     joints: tuple[str, ...] | None = None
 
     def check(self, layout: ModelLayout) -> None:
-        layout.joints(self.joints, f"{self.name}.joints")
+        joints = layout.joints(self.joints, f"{self.name}.joints")
+        if isinstance(self.offset, str) and self.offset != DEFAULT_POSE:
+            raise ConfigError(f"{self.name}.offset={self.offset!r}: give values or {DEFAULT_POSE!r}")
+        if isinstance(self.offset, tuple) and len(self.offset) != len(layout.qpos_indices(joints)):
+            raise ConfigError(
+                f"{self.name}.offset has {len(self.offset)} values; its joints have {len(layout.qpos_indices(joints))}"
+            )
 
     def observe(self, ctx: StepContext) -> Array:
-        position = ctx.joint_pos_of(ctx.layout.joints(self.joints))
+        joints = ctx.layout.joints(self.joints)
+        position = ctx.joint_pos_of(joints)
+        if self.offset == DEFAULT_POSE:
+            return position - jnp.asarray(ctx.layout.default_pos_of(joints))
         return position if self.offset is None else position - jnp.asarray(self.offset)
 
 
@@ -137,30 +148,88 @@ class BaseAngularVelocity(_BaseObservation):
 
 @dataclass(frozen=True)
 class BodyPosition(Observation):
-    """A named body's world position relative to the base's (3 values)."""
+    """World position of a named site, geom or body (looked up in that order) relative to the base's (3 values)."""
 
     body: str
 
     def check(self, layout: ModelLayout) -> None:
-        body_index(layout.body_names, self.body, f"{self.name}.body")
+        layout.point(self.body, f"{self.name}.body")
 
     def observe(self, ctx: StepContext) -> Array:
-        return ctx.body_pos(ctx.layout.body_names.index(self.body)) - ctx.base_pos
+        return ctx.point_pos(ctx.layout.point(self.body, self.name)) - ctx.base_pos
 
 
 @dataclass(frozen=True)
 class BodyLinearVelocity(Observation):
-    """A named body's world-frame linear velocity, times `scale`, optionally clipped."""
+    """World-frame linear velocity of a named site, geom or body frame, times `scale`, optionally clipped."""
 
     body: str
     scale: float = 1.0
     clip: float | None = None
 
     def check(self, layout: ModelLayout) -> None:
-        body_index(layout.body_names, self.body, f"{self.name}.body")
+        layout.point(self.body, f"{self.name}.body")
 
     def observe(self, ctx: StepContext) -> Array:
-        return _clip(ctx.body_lin_vel_world(ctx.layout.body_names.index(self.body)) * self.scale, self.clip)
+        velocity = ctx.point_lin_vel_world(ctx.layout.point(self.body, self.name))
+        return _clip(velocity * self.scale, self.clip)
+
+
+@dataclass(frozen=True)
+class Sensor(Observation):
+    """An MJCF sensor's values (its full dimension) as MuJoCo computes them, times `scale`."""
+
+    sensor: str
+    scale: float = 1.0
+
+    @property
+    def name(self) -> str:
+        return f"Sensor[{self.sensor}]"  # policy.json tells the robot which reading feeds this input
+
+    def check(self, layout: ModelLayout) -> None:
+        layout.sensor(self.sensor, "Sensor.sensor")
+
+    def observe(self, ctx: StepContext) -> Array:
+        return ctx.sensor(self.sensor) * self.scale
+
+
+@dataclass(frozen=True)
+class FeetContact(Observation):
+    """Per foot, 1 when it touches anything outside the robot (from the simulator's contacts), else 0.
+
+    A foot is a geom, or a body and its colliding geoms.
+    """
+
+    feet: tuple[str, ...] = ()
+
+    def check(self, layout: ModelLayout) -> None:
+        feet_geoms(layout, self.feet, f"{self.name}.feet")
+
+    def observe(self, ctx: StepContext) -> Array:
+        feet = feet_geoms(ctx.layout, self.feet, self.name)
+        return jnp.stack([ctx.in_contact(geoms) for geoms in feet]).astype(jnp.float32)
+
+
+@dataclass(frozen=True)
+class FeetContactForce(Observation):
+    """Per foot, the normal force (N) of its contacts with anything outside the robot, times `scale`."""
+
+    feet: tuple[str, ...] = ()
+    scale: float = 0.01
+
+    def check(self, layout: ModelLayout) -> None:
+        feet_geoms(layout, self.feet, f"{self.name}.feet")
+
+    def observe(self, ctx: StepContext) -> Array:
+        feet = feet_geoms(ctx.layout, self.feet, self.name)
+        return jnp.stack([ctx.contact_force(geoms) for geoms in feet]) * self.scale
+
+
+def feet_geoms(layout: ModelLayout, feet: tuple[str, ...], setting: str) -> tuple[tuple[int, ...], ...]:
+    """Per foot name, the geoms that touch for it; no feet, or a foot that cannot touch, raise naming `setting`."""
+    if not feet:
+        raise ConfigError(f"{setting} is empty: name the feet (geoms or bodies)")
+    return tuple(layout.contact_geoms(foot, setting) for foot in feet)
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,9 @@ import jax
 import jax.numpy as jnp
 
 from ksim.config import ConfigError
-from ksim.engine import ModelLayout, StepContext, body_index, rotate
+from ksim.engine import ModelLayout, Point, StepContext, rotate
+from ksim.observations import DEFAULT_POSE, feet_geoms
+from ksim.stateful import Stateful
 
 Array = jax.Array
 
@@ -152,45 +154,59 @@ class AngularVelocityTracking(_TrackingReward):
         return jnp.exp(-error / self.sigma)
 
 
-def _check_bodies(component: str, layout: ModelLayout, bodies: tuple[str, ...]) -> None:
-    if not bodies:
-        raise ConfigError(f"{component}.feet is empty: name the foot bodies")
-    for body in bodies:
-        body_index(layout.body_names, body, f"{component}.feet")
+def feet_points(layout: ModelLayout, feet: tuple[str, ...], setting: str) -> tuple[Point, ...]:
+    """Per foot name, its frame (a site, geom or body); no feet or an unknown name raise naming `setting`."""
+    if not feet:
+        raise ConfigError(f"{setting} is empty: name the feet (sites, geoms or bodies)")
+    return tuple(layout.point(foot, setting) for foot in feet)
 
 
 @dataclass(frozen=True)
 class JointPoseDeviation(Reward):
-    """Squared distance of the robot joints from `pose` (one value per robot joint, e.g. the home keyframe's)."""
+    """Squared distance of the robot joints from `pose`: one value per robot joint, or "default" for the
+    model's default pose (its first keyframe, or qpos0)."""
 
-    pose: tuple[float, ...] = ()
+    pose: tuple[float, ...] | str = ()
 
     def check(self, layout: ModelLayout) -> None:
-        if len(self.pose) != len(layout.robot_joints):
+        if isinstance(self.pose, str):
+            if self.pose != DEFAULT_POSE:
+                raise ConfigError(f"{self.name}.pose={self.pose!r}: give values or {DEFAULT_POSE!r}")
+        elif len(self.pose) != len(layout.robot_joints):
             raise ConfigError(
                 f"{self.name}.pose has {len(self.pose)} values; the model has {len(layout.robot_joints)} robot joints"
             )
 
     def value(self, ctx: StepContext) -> Array:
-        return jnp.sum(jnp.square(ctx.joint_pos - jnp.asarray(self.pose)))
+        pose = ctx.layout.default_joint_pos if self.pose == DEFAULT_POSE else self.pose
+        return jnp.sum(jnp.square(ctx.joint_pos - jnp.asarray(pose)))
 
 
 @dataclass(frozen=True)
 class FeetSlip(Reward):
-    """Squared horizontal speed of the feet that touch the ground (body origin lower than `contact_height`)."""
+    """Squared horizontal speed of the feet in contact with the ground, summed over the feet.
+
+    A foot is in contact when the simulator's contacts say so (its geom, or its body's colliding geoms, touch
+    something outside the robot); with `contact_height`, when its frame is lower than that instead. Its speed is
+    that of its frame: a site, geom or body (looked up in that order).
+    """
 
     feet: tuple[str, ...] = ()
-    contact_height: float = 0.03
+    contact_height: float | None = None
 
     def check(self, layout: ModelLayout) -> None:
-        _check_bodies(self.name, layout, self.feet)
+        feet_points(layout, self.feet, f"{self.name}.feet")
+        if self.contact_height is None:
+            feet_geoms(layout, self.feet, f"{self.name}.feet")
 
     def value(self, ctx: StepContext) -> Array:
         total = jnp.zeros(())
-        for foot in self.feet:
-            body = ctx.layout.body_names.index(foot)
-            touching = ctx.body_pos(body)[2] < self.contact_height
-            total += jnp.where(touching, jnp.sum(jnp.square(ctx.body_lin_vel_world(body)[:2])), 0.0)
+        for index, point in enumerate(feet_points(ctx.layout, self.feet, self.name)):
+            if self.contact_height is None:
+                touching = ctx.in_contact(feet_geoms(ctx.layout, self.feet, self.name)[index])
+            else:
+                touching = ctx.point_pos(point)[2] < self.contact_height
+            total += jnp.where(touching, jnp.sum(jnp.square(ctx.point_lin_vel_world(point)[:2])), 0.0)
         return total
 
 
@@ -198,7 +214,8 @@ class FeetSlip(Reward):
 class FootSwingTracking(Reward):
     """Feet follow a gait clock: exp(-sum of (height - target)^2 / sigma^2) over the feet.
 
-    Foot i's target height is `ground_height` + `swing_height` * max(sin(2 pi (t / period_s + offsets[i])), 0):
+    A foot's height is that of its frame: a site, geom or body (looked up in that order). Foot i's target
+    height is `ground_height` + `swing_height` * max(sin(2 pi (t / period_s + offsets[i])), 0):
     it swings in one half of its cycle and stands in the other. Offsets (0, 0.5, 0.5, 0) for feet ordered
     (front right, front left, rear right, rear left) make a trot. Pair it with `GaitPhase` of the same period.
     """
@@ -211,7 +228,7 @@ class FootSwingTracking(Reward):
     sigma: float = 0.05
 
     def check(self, layout: ModelLayout) -> None:
-        _check_bodies(self.name, layout, self.feet)
+        feet_points(layout, self.feet, f"{self.name}.feet")
         if len(self.offsets) != len(self.feet):
             raise ConfigError(f"{self.name}.offsets has {len(self.offsets)} values; feet has {len(self.feet)}")
         if self.period_s <= 0 or self.sigma <= 0:
@@ -220,5 +237,214 @@ class FootSwingTracking(Reward):
     def value(self, ctx: StepContext) -> Array:
         phase = 2 * jnp.pi * (ctx.data.time / self.period_s + jnp.asarray(self.offsets))
         target = self.ground_height + self.swing_height * jnp.maximum(jnp.sin(phase), 0.0)
-        heights = jnp.stack([ctx.body_pos(ctx.layout.body_names.index(foot))[2] for foot in self.feet])
+        heights = jnp.stack([ctx.point_pos(point)[2] for point in feet_points(ctx.layout, self.feet, self.name)])
         return jnp.exp(-jnp.sum(jnp.square(heights - target)) / self.sigma**2)
+
+
+@dataclass(frozen=True)
+class FeetAirTime(Reward, Stateful):
+    """At each touchdown, the foot's time in the air minus `threshold_s` (s), summed over the feet.
+
+    Long steps earn, short shuffles cost. The state is per foot: its time since it last left the ground and
+    whether it touched at the last step. Contact as in `FeetContact`. With `min_command` > 0 it pays only while
+    the command's first two values (a planar velocity) have a norm above it.
+    """
+
+    feet: tuple[str, ...] = ()
+    threshold_s: float = 0.1
+    min_command: float = 0.0
+
+    @property
+    def command_size(self) -> int | None:
+        return 2 if self.min_command > 0 else None  # reads the command only to gate on it
+
+    def check(self, layout: ModelLayout) -> None:
+        feet_geoms(layout, self.feet, f"{self.name}.feet")
+
+    def initial_state(self, layout: ModelLayout) -> dict[str, Array]:
+        return {"air_time": jnp.zeros(len(self.feet)), "contact": jnp.ones(len(self.feet), bool)}
+
+    def _contact(self, ctx: StepContext) -> Array:
+        return jnp.stack([ctx.in_contact(geoms) for geoms in feet_geoms(ctx.layout, self.feet, self.name)])
+
+    def value(self, ctx: StepContext) -> Array:
+        contact = self._contact(ctx)
+        air_time = ctx.state["air_time"] + ctx.ctrl_dt
+        touchdown = contact & ~ctx.state["contact"]
+        total = jnp.sum(jnp.where(touchdown, air_time - self.threshold_s, 0.0))
+        if self.min_command > 0:
+            total = jnp.where(jnp.linalg.norm(ctx.command[:2]) > self.min_command, total, 0.0)
+        return total
+
+    def next_state(self, ctx: StepContext) -> dict[str, Array]:
+        contact = self._contact(ctx)
+        return {"air_time": jnp.where(contact, 0.0, ctx.state["air_time"] + ctx.ctrl_dt), "contact": contact}
+
+
+@dataclass(frozen=True)
+class BaseVerticalVelocityPenalty(_BaseReward):
+    """Squared vertical velocity of the base (its own frame's z axis), m^2/s^2."""
+
+    def value(self, ctx: StepContext) -> Array:
+        return jnp.square(ctx.base_lin_vel[2])
+
+
+@dataclass(frozen=True)
+class BaseRollPitchRatePenalty(_BaseReward):
+    """Squared roll and pitch rates of the base (its angular velocity about its own x and y axes), summed."""
+
+    def value(self, ctx: StepContext) -> Array:
+        return jnp.sum(jnp.square(ctx.base_ang_vel[:2]))
+
+
+@dataclass(frozen=True)
+class TiltPenalty(_BaseReward):
+    """Squared horizontal part of gravity in the base frame: 0 upright, sin^2 of the tilt angle otherwise."""
+
+    def value(self, ctx: StepContext) -> Array:
+        return jnp.sum(jnp.square(ctx.projected_gravity[:2]))
+
+
+@dataclass(frozen=True)
+class JointLimitPenalty(Reward):
+    """How far the robot joints (or the named ones) are inside the outer `margin` of their range, summed (rad).
+
+    A joint whose position is within `margin` times its range width of a limit, or past it, adds the distance
+    by which it is inside that band. Unlimited joints are refused by name.
+    """
+
+    margin: float = 0.1
+    joints: tuple[str, ...] | None = None
+
+    def _limits(self, layout: ModelLayout) -> tuple[tuple[int, ...], tuple[tuple[float, float], ...]]:
+        joints = layout.joints(self.joints, f"{self.name}.joints")
+        unlimited = [layout.joint_names[j] for j in joints if layout.joint_range[j] is None]
+        if unlimited or any(len(layout.joint_qpos[j]) != 1 for j in joints):
+            raise ConfigError(f"{self.name}.joints: {unlimited or 'ball joints'} have no range; name limited joints")
+        return joints, tuple(r for j in joints if (r := layout.joint_range[j]) is not None)
+
+    def check(self, layout: ModelLayout) -> None:
+        if not 0 <= self.margin < 0.5:
+            raise ConfigError(f"{self.name}.margin={self.margin} must be in [0, 0.5)")
+        self._limits(layout)
+
+    def value(self, ctx: StepContext) -> Array:
+        joints, ranges = self._limits(ctx.layout)
+        low, high = (jnp.asarray(bound) for bound in zip(*ranges, strict=True))
+        band = self.margin * (high - low)
+        position = ctx.joint_pos_of(joints)
+        return jnp.sum(jnp.maximum(low + band - position, 0.0) + jnp.maximum(position - (high - band), 0.0))
+
+
+@dataclass(frozen=True)
+class TerminationPenalty(Reward):
+    """1 at the step a termination ends the episode (not at a time-limit truncation), else 0."""
+
+    def value(self, ctx: StepContext) -> Array:
+        if ctx.terminated is None:
+            return jnp.zeros(())
+        return ctx.terminated.astype(jnp.float32)
+
+
+@dataclass(frozen=True)
+class StandStill(Reward):
+    """Under a command whose norm is below `threshold`: the robot joints' absolute distance from the default
+    pose, summed (rad); 0 while the command asks for motion."""
+
+    threshold: float = 0.1
+    command_size: ClassVar[int] = 1
+
+    def value(self, ctx: StepContext) -> Array:
+        deviation = jnp.sum(jnp.abs(ctx.joint_pos - jnp.asarray(ctx.layout.default_joint_pos)))
+        return jnp.where(jnp.linalg.norm(ctx.command) < self.threshold, deviation, 0.0)
+
+
+@dataclass(frozen=True)
+class MechanicalPower(Reward):
+    """Sum over actuators of |force x joint velocity| (W): the mechanical power the actuators deliver or absorb.
+
+    The force is MuJoCo's for the applied control (gain * ctrl + bias terms, clipped to its force range), so
+    the model's actuators must each drive one joint without activation dynamics.
+    """
+
+    def check(self, layout: ModelLayout) -> None:
+        if layout.actuators is None:
+            raise ConfigError(
+                f"{self.name}: the model has actuators that do not drive one joint each with a fixed or affine gain"
+            )
+
+    def value(self, ctx: StepContext) -> Array:
+        table = ctx.layout.actuators
+        assert table is not None  # check() refused such models
+        q, qdot = ctx.data.qpos[jnp.asarray(table.qpos)], ctx.data.qvel[jnp.asarray(table.qvel)]
+        bias = jnp.asarray(table.bias)
+        force = jnp.asarray(table.gain) * ctx.ctrl + bias[:, 0] + bias[:, 1] * q + bias[:, 2] * qdot
+        low, high = (jnp.asarray(bound) for bound in zip(*table.force_range, strict=True))
+        torque = jnp.clip(force, low, high) * jnp.asarray(table.gear)
+        return jnp.sum(jnp.abs(torque * qdot))
+
+
+@dataclass(frozen=True)
+class FeetClearance(Reward):
+    """Squared miss of a swing height, weighted by how fast the foot moves sideways: sum over feet of
+    (foot height - `height`)^2 * |horizontal foot speed| (m^2 * m/s). A foot standing still costs nothing;
+    one that moves is asked to be at `height` (world z of its site, geom or body frame)."""
+
+    feet: tuple[str, ...] = ()
+    height: float = 0.1
+
+    def check(self, layout: ModelLayout) -> None:
+        feet_points(layout, self.feet, f"{self.name}.feet")
+
+    def value(self, ctx: StepContext) -> Array:
+        total = jnp.zeros(())
+        for point in feet_points(ctx.layout, self.feet, self.name):
+            speed = jnp.linalg.norm(ctx.point_lin_vel_world(point)[:2])
+            total += jnp.square(ctx.point_pos(point)[2] - self.height) * speed
+        return total
+
+
+@dataclass(frozen=True)
+class FeetSwingHeight(Reward, Stateful):
+    """At each touchdown, the squared miss (m^2) of the highest height the foot reached while in the air
+    against `height`, summed over the feet. The state is per foot: its highest point since liftoff and
+    whether it touched at the last step."""
+
+    feet: tuple[str, ...] = ()
+    height: float = 0.1
+
+    def check(self, layout: ModelLayout) -> None:
+        feet_points(layout, self.feet, f"{self.name}.feet")
+        feet_geoms(layout, self.feet, f"{self.name}.feet")
+
+    def initial_state(self, layout: ModelLayout) -> dict[str, Array]:
+        return {"peak": jnp.zeros(len(self.feet)), "contact": jnp.ones(len(self.feet), bool)}
+
+    def _measure(self, ctx: StepContext) -> tuple[Array, Array]:
+        heights = jnp.stack([ctx.point_pos(p)[2] for p in feet_points(ctx.layout, self.feet, self.name)])
+        contact = jnp.stack([ctx.in_contact(g) for g in feet_geoms(ctx.layout, self.feet, self.name)])
+        return heights, contact
+
+    def value(self, ctx: StepContext) -> Array:
+        _, contact = self._measure(ctx)
+        touchdown = contact & ~ctx.state["contact"]
+        return jnp.sum(jnp.where(touchdown, jnp.square(ctx.state["peak"] - self.height), 0.0))
+
+    def next_state(self, ctx: StepContext) -> dict[str, Array]:
+        heights, contact = self._measure(ctx)
+        peak = jnp.where(contact, 0.0, jnp.maximum(ctx.state["peak"], heights))
+        return {"peak": peak, "contact": contact}
+
+
+@dataclass(frozen=True)
+class UndesiredContacts(Reward):
+    """How many of the named geoms or bodies (e.g. thighs, trunk) touch anything outside the robot."""
+
+    bodies: tuple[str, ...] = ()
+
+    def check(self, layout: ModelLayout) -> None:
+        feet_geoms(layout, self.bodies, f"{self.name}.bodies")
+
+    def value(self, ctx: StepContext) -> Array:
+        parts = feet_geoms(ctx.layout, self.bodies, self.name)
+        return jnp.sum(jnp.stack([ctx.in_contact(geoms) for geoms in parts]).astype(jnp.float32))

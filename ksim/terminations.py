@@ -11,6 +11,7 @@ import jax.numpy as jnp
 
 from ksim.config import ConfigError
 from ksim.engine import ModelLayout, StepContext
+from ksim.observations import feet_geoms
 
 Array = jax.Array
 
@@ -85,6 +86,20 @@ class JointOutOfRange(Termination):
 
     def terminated(self, ctx: StepContext) -> Array:
         return jnp.any(jnp.abs(ctx.joint_pos_of(ctx.layout.joints((self.joint,)))) > self.limit)
+
+
+@dataclass(frozen=True)
+class IllegalContact(Termination):
+    """One of the named geoms or bodies (e.g. the trunk, the thighs) touches anything outside the robot."""
+
+    bodies: tuple[str, ...]
+
+    def check(self, layout: ModelLayout) -> None:
+        feet_geoms(layout, self.bodies, f"{self.name}.bodies")
+
+    def terminated(self, ctx: StepContext) -> Array:
+        geoms = tuple(g for part in feet_geoms(ctx.layout, self.bodies, self.name) for g in part)
+        return ctx.in_contact(geoms)
 
 
 def physics_diverged(ctx: StepContext) -> Array:

@@ -97,7 +97,12 @@ class BallTask(PPOTask[BallConfig]):
     def get_rewards(self) -> Sequence[rew.Reward]:
         if not self.config.sim2real:
             return [rew.StayAlive(scale=1.0)]
-        return [rew.LinearVelocityTracking(scale=1.0), rew.AngularVelocityTracking(scale=0.5)]
+        # FeetAirTime keeps per-env state (the ball never touches: contacts are off, its air time only grows).
+        return [
+            rew.LinearVelocityTracking(scale=1.0),
+            rew.AngularVelocityTracking(scale=0.5),
+            rew.FeetAirTime(scale=0.1, feet=("ball",)),
+        ]
 
     def get_terminations(self) -> Sequence[term.Termination]:
         return []

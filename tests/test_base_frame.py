@@ -248,7 +248,10 @@ def test_control_cost_is_on_the_applied_control() -> None:
     ("component", "message"),
     [
         (obs.JointPosition(joints=("elbow",)), r"JointPosition.joints: no joint named 'elbow'; .*'hip', 'knee'"),
-        (obs.BodyPosition(body="head"), r"BodyPosition.body: no body named 'head'; .*'torso', 'thigh', 'shin'"),
+        (
+            obs.BodyPosition(body="head"),
+            r"BodyPosition.body: no site, geom or body named 'head'; .*'torso', 'thigh', 'shin'",
+        ),
         (
             term.BaseTooLow(min_height=0.5),
             r"BaseTooLow needs a moving base, but the base body 'torso' is welded to the world",

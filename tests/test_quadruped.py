@@ -58,7 +58,9 @@ def test_gait_components_at_the_home_pose() -> None:
     quarter = ctx.replace(data=data.replace(time=jnp.asarray(0.125)))
     np.testing.assert_allclose(obs.GaitPhase(period_s=0.5).observe(quarter), [1.0, 0.0], atol=1e-6)
     assert float(rew.JointPoseDeviation(scale=1.0, pose=tuple(home[7:])).value(ctx)) == pytest.approx(0.0, abs=1e-10)
-    assert float(rew.FeetSlip(scale=1.0, feet=FEET).value(ctx)) == pytest.approx(4 * 0.5**2, rel=1e-4)
+    assert float(rew.FeetSlip(scale=1.0, feet=FEET, contact_height=0.03).value(ctx)) == pytest.approx(
+        4 * 0.5**2, rel=1e-4
+    )
     swing = rew.FootSwingTracking(scale=1.0, feet=FEET, offsets=(0.0, 0.5, 0.5, 0.0), ground_height=0.022)
     assert float(swing.value(ctx)) > 0.99  # t = 0: every foot's target is the ground, where the feet are
     # A quarter cycle on, FR and RL (offset 0) should be 8 cm above the ground height; FL and RR on it.

@@ -25,6 +25,7 @@ def per_env_draws(env: EnvState) -> dict:
             "command_timer": episode.command_timer,
             "event_timers": episode.event_timers,
             "rng": episode.rng,
+            "component_state": episode.component_state,
         }.items()
     } | {"episodes_started": env.episodes_started}
 
@@ -48,6 +49,17 @@ def test_the_run_exercises_every_component(runs: dict) -> None:
     initial = per_env_draws(start.env)
     assert not np.array_equal(draws["current.command"], initial["current.command"])  # redrawn since the start
     assert len(draws["current.randomized"].model_fields) == 8 and metrics["reward/LinearVelocityTracking"] > 0
+
+
+@pytest.mark.parametrize("num_devices", DEVICE_COUNTS)
+def test_component_state_starts_fresh_every_episode_and_is_carried_across_steps(runs: dict, num_devices: int) -> None:
+    task, _, stepped, _ = runs[num_devices]
+    current = jax.device_get(unshard_env_axis(stepped.env.current))
+    air_time = current.component_state["FeetAirTime"]["air_time"][:, 0]
+    assert air_time.shape == (task.config.num_envs,)
+    # Never touching, the ball's air time is the time since its episode started: reset with each episode.
+    np.testing.assert_allclose(air_time, current.episode_length * task.config.ctrl_dt, rtol=1e-5)
+    assert np.any(air_time > 0)
 
 
 @pytest.mark.parametrize("num_devices", [2, 4])

@@ -11,10 +11,11 @@ from collections.abc import Sequence
 
 import jax
 import mujoco
+import numpy as np
 
 from ksim import mjx_contract
 from ksim.config import ConfigError
-from ksim.engine import ModelLayout, PhysicsEngine, default_pose
+from ksim.engine import ModelLayout, PhysicsEngine
 from ksim.physics.mjx_jax import MjxJaxEngine
 from ksim.physics.mjx_warp import MjxWarpEngine
 from ksim.physics.native import create_native
@@ -43,7 +44,7 @@ def create_engine(
     require_physics_impl(physics_impl)
     mj_model.opt.timestep = dt
     layout = ModelLayout.create(mj_model, base_body, root_joints)
-    pose = default_pose(mj_model)
+    pose = np.asarray(layout.default_qpos, dtype=mj_model.qpos0.dtype)
     if physics_impl == "mujoco":
         return create_native(mj_model, ctrl_dt, dt, layout, pose)
     # On this process's first device: the global device 0 belongs to process 0 in multi-process runs.

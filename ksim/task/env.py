@@ -25,6 +25,7 @@ from ksim.randomization import Randomization, Randomized, sample_randomizations
 from ksim.reporting import unique_names
 from ksim.resets import Reset
 from ksim.rewards import Reward
+from ksim.stateful import Stateful
 from ksim.task.types import Episode, PolicyOutput, PolicyState, Trajectory, Transition
 from ksim.terminations import Termination, physics_diverged
 
@@ -71,6 +72,19 @@ class Components:
     @functools.cached_property
     def reward_names(self) -> list[str]:
         return unique_names([reward.name for reward in self.rewards])
+
+    @functools.cached_property
+    def stateful(self) -> list[tuple[str, Stateful]]:
+        """The stateful rewards and terminations, each with its key in `Episode.component_state`."""
+        components = [c for c in (*self.rewards, *self.terminations) if isinstance(c, Stateful)]
+        return list(zip(unique_names([type(c).__name__ for c in components]), components, strict=True))
+
+    def with_state(self, component: object, ctx: StepContext, states: dict[str, Any]) -> StepContext:
+        """`ctx` with `component`'s own state in `ctx.state` (unchanged for a stateless component)."""
+        for key, stateful in self.stateful:
+            if stateful is component:
+                return ctx.replace(state=states[key])
+        return ctx
 
 
 @dataclass(frozen=True)
@@ -167,6 +181,7 @@ class Environment:
         no_action = jnp.zeros(engine.action_dim)
         command, command_timer = start_command(parts.command, command_key, ctrl_dt)
         ctx = engine.context(data, data, no_action, no_action, data.ctrl, command)
+        component_state = {key: c.initial_state(engine.layout) for key, c in parts.stateful}
         return Episode(
             data=data,
             obs=self.observe(ctx),
@@ -181,6 +196,7 @@ class Environment:
             command_timer=command_timer,
             event_timers=start_event_timers(parts.events, event_key, ctrl_dt),
             action_queue=jnp.zeros((self.settings.action_delay_steps, engine.action_dim)),
+            component_state=component_state,
         )
 
     def step_env(self, shared: Any, episode: Episode, deterministic: bool = False) -> tuple[Episode, Transition]:
@@ -213,9 +229,16 @@ class Environment:
         )
         next_obs = jnp.where(diverged, 0.0, self.observe(ctx.replace(command=command)))
         next_critic_obs = jnp.where(diverged, 0.0, self.observe_critic(ctx.replace(command=command)))
-        reward_terms = {name: reward(ctx) for name, reward in zip(parts.reward_names, parts.rewards, strict=True)}
+        states = episode.component_state
+        terminations = (t.terminated(parts.with_state(t, ctx, states)) for t in parts.terminations)
+        terminated = functools.reduce(jnp.logical_or, terminations, diverged)
+        ended = ctx.replace(terminated=terminated)  # a termination penalty reads it
+        reward_terms = {
+            name: reward(parts.with_state(reward, ended, states))
+            for name, reward in zip(parts.reward_names, parts.rewards, strict=True)
+        }
         reward = jnp.where(diverged, 0.0, sum(reward_terms.values(), jnp.zeros(())))
-        terminated = functools.reduce(jnp.logical_or, (t.terminated(ctx) for t in parts.terminations), diverged)
+        component_state = {key: c.next_state(ctx.replace(state=states[key])) for key, c in parts.stateful}
         episode_length = episode.episode_length + 1
         truncated = (episode_length >= self.settings.max_episode_steps) & ~terminated
         episode_return = episode.episode_return + reward
@@ -232,6 +255,7 @@ class Environment:
             command_timer=command_timer,
             event_timers=event_timers,
             action_queue=action_queue,
+            component_state=component_state,
         )
         trajectory = Trajectory(
             obs=chosen.obs,

@@ -127,6 +127,7 @@ class Episode(struct.PyTreeNode):
     command_timer: Array  # control steps until the command is redrawn
     event_timers: Array  # (num events,) control steps until each event
     action_queue: Array  # (action_delay_steps, action_dim) chosen actions not yet applied, oldest first
+    component_state: dict[str, Any]  # stateful rewards' and terminations' state by key (ksim.stateful)
 
 
 class Trajectory(struct.PyTreeNode):
