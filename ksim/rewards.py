@@ -14,6 +14,7 @@ import jax.numpy as jnp
 
 from ksim.config import ConfigError
 from ksim.engine import ModelLayout, StepContext, body_index, rotate
+from ksim.terrain import Terrain, height_above_ground
 
 Array = jax.Array
 
@@ -181,6 +182,7 @@ class FeetSlip(Reward):
 
     feet: tuple[str, ...] = ()
     contact_height: float = 0.03
+    terrain: Terrain | None = None  # heights above its surface (above z = 0 without one)
 
     def check(self, layout: ModelLayout) -> None:
         _check_bodies(self.name, layout, self.feet)
@@ -189,7 +191,7 @@ class FeetSlip(Reward):
         total = jnp.zeros(())
         for foot in self.feet:
             body = ctx.layout.body_names.index(foot)
-            touching = ctx.body_pos(body)[2] < self.contact_height
+            touching = height_above_ground(self.terrain, ctx.body_pos(body)) < self.contact_height
             total += jnp.where(touching, jnp.sum(jnp.square(ctx.body_lin_vel_world(body)[:2])), 0.0)
         return total
 
@@ -209,6 +211,7 @@ class FootSwingTracking(Reward):
     swing_height: float = 0.08
     ground_height: float = 0.02
     sigma: float = 0.05
+    terrain: Terrain | None = None  # heights above its surface (above z = 0 without one)
 
     def check(self, layout: ModelLayout) -> None:
         _check_bodies(self.name, layout, self.feet)
@@ -220,5 +223,6 @@ class FootSwingTracking(Reward):
     def value(self, ctx: StepContext) -> Array:
         phase = 2 * jnp.pi * (ctx.data.time / self.period_s + jnp.asarray(self.offsets))
         target = self.ground_height + self.swing_height * jnp.maximum(jnp.sin(phase), 0.0)
-        heights = jnp.stack([ctx.body_pos(ctx.layout.body_names.index(foot))[2] for foot in self.feet])
+        positions = jnp.stack([ctx.body_pos(ctx.layout.body_names.index(foot)) for foot in self.feet])
+        heights = height_above_ground(self.terrain, positions)
         return jnp.exp(-jnp.sum(jnp.square(heights - target)) / self.sigma**2)
