@@ -2,6 +2,7 @@
 rule under jit and pmap, a train step on 1 and 2 devices, and the refusals."""
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -15,7 +16,7 @@ from ksim import observations as obs
 from ksim.commands import Command, VelocityCommand
 from ksim.config import ConfigError
 from ksim.task.rl import TrainState
-from ksim.terrain import Terrain, TerrainCurriculum, TerrainGrid
+from ksim.terrain import Terrain, TerrainCells, TerrainCurriculum, TerrainGrid, free_base_position
 
 # An asymmetric field: 3 levels along x, 2 types along y, tiles with rough, stepped and sloped parts.
 GRID = TerrainGrid(
@@ -161,6 +162,11 @@ def ball_on_terrain(**overrides: object) -> TerrainBallTask:
     return TerrainBallTask(distributed_ball_config(sim2real=False, num_envs=8, **overrides))
 
 
+def merge_devices(tree: Any) -> Any:
+    """(devices, envs per device, ...) leaves as (envs, ...)."""
+    return jax.tree.map(lambda x: np.reshape(x, (x.shape[0] * x.shape[1], *x.shape[2:])), tree)
+
+
 def train_step(num_devices: int) -> TrainState:
     task = ball_on_terrain(num_devices=num_devices)
     state, _ = task.train_step(task.init_train_state())
@@ -174,29 +180,39 @@ def one_and_two_devices() -> tuple[TrainState, TrainState]:
 
 def test_spawns_are_on_the_platform_out_of_penetration(one_and_two_devices: tuple) -> None:
     task = ball_on_terrain(num_devices=1)
-    state = jax.device_get(one_and_two_devices[0])
-    starts = state.env.next_start  # computed for each env's tile (moved ones again after the move)
-    ready = np.asarray(state.env.next_start_ready)
-    base = task.engine.layout.base_body
-    position = np.asarray(starts.data.xpos[:, base])[ready]
-    assert task.terrain is not None and ready.any()
-    origin = np.asarray(task.terrain.origin(jax.tree.map(lambda x: x[ready], state.env.terrain)))
-    assert np.all(np.abs(position[:, :2] - origin) <= task.environment.spawn_jitter + 1e-5)
-    contacts = jax.vmap(task.engine.contacts)(starts.data)
-    assert float(jnp.min(jnp.where(contacts.geom1 >= 0, contacts.dist, 1.0))) > -1e-4
+    terrain, engine = task.terrain, task.engine
+    assert terrain is not None
+    # Every tile, at random spots of its platform: no contact closer than touching, in MuJoCo's own collision.
+    levels, columns = np.meshgrid(np.arange(GRID.num_levels), np.arange(len(GRID.types)), indexing="ij")
+    cells = TerrainCells(level=jnp.tile(levels.ravel(), 20), column=jnp.tile(columns.ravel(), 20))
+    keys = jax.random.split(jax.random.PRNGKey(1), len(cells.level))
+    offsets = jax.jit(jax.vmap(lambda cell, key: terrain.spawn_offset(cell, key, task.environment.spawn_jitter)))(
+        cells, keys
+    )
+    data = mujoco.MjData(engine.mj_model)
+    for offset in np.asarray(offsets):
+        data.qpos[:] = engine.default_qpos
+        data.qpos[free_base_position(engine.layout)] += offset
+        mujoco.mj_forward(engine.mj_model, data)
+        assert data.ncon == 0 or data.contact.dist[: data.ncon].min() > -1e-4
+    # The episodes the train step started (2 control steps ago) are on their tiles' platforms.
+    env = merge_devices(one_and_two_devices[0].env)
+    base_xy = np.asarray(env.current.data.xpos[:, engine.layout.base_body, :2])
+    assert np.asarray(env.current.episode_length).max() == 2
+    assert np.all(np.abs(base_xy - np.asarray(terrain.origin(env.terrain))) < task.environment.spawn_jitter + 0.05)
 
 
 def test_train_step_on_one_and_two_devices_agrees(one_and_two_devices: tuple) -> None:
-    one, two = one_and_two_devices
-    flat = lambda tree: jax.tree.map(lambda x: np.reshape(x, (-1, *np.shape(x)[2:])), tree)  # noqa: E731
-    levels_one, levels_two = np.asarray(one.env.terrain.level), np.reshape(two.env.terrain.level, -1)
-    np.testing.assert_array_equal(levels_one, levels_two)
-    np.testing.assert_array_equal(one.env.terrain.column, np.reshape(two.env.terrain.column, -1))
-    assert sorted(np.asarray(one.env.terrain.column).tolist()) == [0, 0, 0, 0, 1, 1, 1, 1]  # balanced columns
-    assert np.asarray(one.env.episodes_started).min() >= 2  # episodes ended: the curriculum ran
-    np.testing.assert_allclose(one.env.current.data.qpos, flat(two.env.current.data.qpos), atol=1e-4)
-    for a, b in zip(jax.tree.leaves(one.shared.params), jax.tree.leaves(two.shared.params), strict=True):
-        np.testing.assert_allclose(a, np.asarray(b)[0], atol=1e-5)
+    one, two = (merge_devices(state.env) for state in one_and_two_devices)
+    np.testing.assert_array_equal(one.terrain.level, two.terrain.level)
+    np.testing.assert_array_equal(one.terrain.column, two.terrain.column)
+    assert np.asarray(one.terrain.column).tolist() == [0, 1, 0, 1, 0, 1, 0, 1]  # balanced on each device
+    assert np.asarray(one.episodes_started).min() >= 2  # episodes ended: the curriculum ran
+    assert np.asarray(one.terrain.level).max() < 2  # none walked half a tile in 6 steps: none moved up
+    np.testing.assert_allclose(one.current.data.qpos, two.current.data.qpos, atol=1e-4)
+    params_one, params_two = (state.shared.params for state in one_and_two_devices)
+    for a, b in zip(jax.tree.leaves(params_one), jax.tree.leaves(params_two), strict=True):
+        np.testing.assert_allclose(np.asarray(a)[0], np.asarray(b)[0], atol=1e-5)
 
 
 def test_refusals_name_the_setting_and_the_rule() -> None:

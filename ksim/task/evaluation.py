@@ -61,11 +61,11 @@ def step_measures(command: Command | None, ctx: StepContext) -> tuple[Array, Arr
     return speed_x, jnp.linalg.norm(heading_velocity(ctx)[:2] - ctx.command[:2])
 
 
-def make_eval_program(environment: Environment) -> EvalProgram:
+def make_eval_program(environment: Environment, terrain_column: int | None = None) -> EvalProgram:
     """A jitted program: (shared, env_keys, levels) -> (per-episode stats, env 0's qpos per step, steps run).
 
     Each env plays its first episode with the mean action (with a terrain, episode i on the tile of its level
-    and column i modulo the number of columns); a `while_loop` ends when all have ended
+    and of column `terrain_column`, or i modulo the number of columns); a `while_loop` ends when all have ended
     (or at the episode limit), so a policy that fails fast is evaluated fast.
     """
     max_steps = environment.settings.max_episode_steps
@@ -88,6 +88,8 @@ def make_eval_program(environment: Environment) -> EvalProgram:
             episode = jax.vmap(environment.start_episode)(env_keys)
         else:
             columns = jnp.arange(num_envs, dtype=jnp.int32) % len(environment.terrain.grid.types)
+            if terrain_column is not None:
+                columns = jnp.full(num_envs, terrain_column, jnp.int32)
             episode = jax.vmap(environment.start_episode)(env_keys, TerrainCells(level=levels, column=columns))
         qpos_log = jnp.zeros((max_steps, episode.data.qpos.shape[-1]))
 
@@ -140,15 +142,23 @@ class Evaluator:
     """Evaluates a policy in an `Environment`: `num_episodes` deterministic episodes from fresh envs drawn from
     `seed`, on this process's first device (one jitted program, `program`)."""
 
-    def __init__(self, environment: Environment, num_episodes: int, seed: int, terrain_level: int = 0) -> None:
+    def __init__(
+        self,
+        environment: Environment,
+        num_episodes: int,
+        seed: int,
+        terrain_level: int = 0,
+        terrain_column: int | None = None,
+    ) -> None:
         self.environment = environment
         self.num_episodes = num_episodes
         self.seed = seed
         self.terrain_level = terrain_level
+        self.terrain_column = terrain_column
 
     @functools.cached_property
     def program(self) -> EvalProgram:
-        return make_eval_program(self.environment)
+        return make_eval_program(self.environment, self.terrain_column)
 
     def inputs(
         self, shared: Any, num_episodes: int | None = None, seed: int | None = None, level: int | None = None

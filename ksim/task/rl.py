@@ -120,7 +120,9 @@ class RLTask(ABC, Generic[ConfigT]):
         self.environment = Environment(
             self.engine, components, settings, self.sample_action, self.terrain, spawn_jitter
         )
-        self.evaluator = Evaluator(self.environment, config.eval_episodes, config.seed, self.eval_terrain_level)
+        self.evaluator = Evaluator(
+            self.environment, config.eval_episodes, config.seed, self.eval_terrain_level, self.eval_terrain_column
+        )
         self.reward_names = components.reward_names
         self.model = self.get_model()
         self.optimizer = self.get_optimizer()
@@ -182,6 +184,11 @@ class RLTask(ABC, Generic[ConfigT]):
                 f"eval_terrain_level={self.config.eval_terrain_level} must be -1 (the middle level) or in "
                 f"[0, {grid.num_levels})"
             )
+        if self.config.eval_terrain_type and self.config.eval_terrain_type not in grid.types:
+            raise ConfigError(
+                f"eval_terrain_type={self.config.eval_terrain_type!r} must be empty or one of the terrain's types: "
+                + ", ".join(grid.types)
+            )
         engine = self.engine
         return self.terrain.spawn_jitter(engine.mj_model, engine.default_qpos, engine.layout.base_body)
 
@@ -189,6 +196,11 @@ class RLTask(ABC, Generic[ConfigT]):
     def eval_terrain_level(self) -> int:
         level = self.config.eval_terrain_level
         return level if level >= 0 or self.terrain is None else self.terrain.grid.num_levels // 2
+
+    @property
+    def eval_terrain_column(self) -> int | None:
+        kind = self.config.eval_terrain_type
+        return None if self.terrain is None or not kind else self.terrain.grid.types.index(kind)
 
     def get_engine(self) -> PhysicsEngine:
         """The physics engine; override to step the model differently."""

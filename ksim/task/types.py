@@ -78,6 +78,9 @@ class RLConfig:
     action_delay_steps: int = xax.field(0, help="The action applied is the one chosen this many control steps ago.")
     eval_observation_noise: bool = xax.field(False, help="Also add the observations' noise in evaluation.")
     eval_terrain_level: int = xax.field(-1, help="Terrain level that evaluations run on (-1: the middle level).")
+    eval_terrain_type: str = xax.field(
+        "", help="Terrain type that evaluations run on (empty: episode i on type i modulo the number of types)."
+    )
 
 
 class Episode(struct.PyTreeNode):
