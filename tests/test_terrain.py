@@ -1,6 +1,7 @@
 """Rough terrain: height lookup against MuJoCo's ray, resting contact under each physics, spawns, the curriculum
 rule under jit and pmap, a train step on 1 and 2 devices, and the refusals."""
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -12,9 +13,11 @@ import pytest
 from helpers import BALL_MOTOR, BALL_XML, DistributedBallTask, distributed_ball_config
 from mujoco import mjx
 
+from examples.quadruped import DEFAULT_CONFIG, FEET, QuadrupedTask
 from ksim import observations as obs
 from ksim.commands import Command, VelocityCommand
 from ksim.config import ConfigError
+from ksim.mjx_contract import collision_pairs
 from ksim.task.rl import TrainState
 from ksim.terrain import Terrain, TerrainCells, TerrainCurriculum, TerrainGrid, free_base_position
 
@@ -239,3 +242,17 @@ def test_refusals_name_the_setting_and_the_rule() -> None:
                 )
             },
         )(distributed_ball_config(sim2real=False, num_envs=8, num_devices=1))
+
+
+def test_rough_quadruped_touches_the_terrain_with_its_feet_only() -> None:
+    task = QuadrupedTask(dataclasses.replace(DEFAULT_CONFIG, terrain="rough", num_devices=1))
+    model = task.engine.mj_model
+    terrain = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_GEOM, "terrain")
+    assert mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_GEOM, "floor") == -1  # the terrain replaced the plane
+    pairs = {tuple(sorted((g1, g2))) for g1, g2, _ in collision_pairs(model)}
+    feet = sorted(mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_GEOM, foot) for foot in FEET)
+    assert pairs == {tuple(sorted((terrain, foot))) for foot in feet}
+    scan = next(o for o in task.observations if isinstance(o, obs.HeightScan))
+    assert scan.points.shape == (17 * 11, 2)
+    with pytest.raises(ConfigError, match=r"terrain='bumpy' must be 'flat' or 'rough'"):
+        QuadrupedTask(dataclasses.replace(DEFAULT_CONFIG, terrain="bumpy"))
