@@ -11,6 +11,11 @@ passes an evaluation speed of 0.5 m/s after 0.3-0.6M env steps and ends near 1 m
 the same on 2 forced CPU devices). A video of the trained policy (with MUJOCO_GL=egl or osmesa):
 
     python -m examples.quadruped mode=eval load_from_ckpt_path=RUN/checkpoints/ckpt_latest.bin video_path=quad.gif
+
+`terrain=rough` trains on ksim's terrain grid (ksim.terrain, docs/terrain.md) with the terrain curriculum: 6
+levels of flat, rough, sloped and stepped 4 m tiles, a height scan in the observation, foot heights and the
+base-height termination measured against the terrain, and a constant forward velocity command (the
+curriculum compares the distance walked with the commanded one).
 """
 
 from collections.abc import Sequence
@@ -23,9 +28,12 @@ from ksim import observations as obs
 from ksim import rewards as rew
 from ksim import terminations as term
 from ksim.actuators import Actuators, PositionActuators
+from ksim.commands import Command, VelocityCommand
+from ksim.config import ConfigError
 from ksim.engine import load_mujoco_model
 from ksim.resets import RandomJointPositions, RandomJointVelocities, Reset
 from ksim.task.distributed_ppo import DistributedPPOConfig, DistributedPPOTask
+from ksim.terrain import TerrainCurriculum, TerrainGrid, load_mujoco_spec
 
 FEET = ("FR_foot", "FL_foot", "RR_foot", "RL_foot")
 TROT = (0.0, 0.5, 0.5, 0.0)  # diagonal pairs (FR, RL) and (FL, RR) swing half a cycle apart
@@ -37,11 +45,46 @@ ACTION_SCALE = 0.3  # rad of PD target per unit of action
 class QuadrupedConfig(DistributedPPOConfig):
     target_velocity: float = xax.field(1.0, help="Forward (world x) speed to reach, m/s.")
     gait_period_s: float = xax.field(0.5, help="Period of the trot clock, s.")
+    terrain: str = xax.field("flat", help="'flat' (the model's floor) or 'rough' (terrain grid and curriculum).")
+
+
+# The terrain for a 13 kg quadruped with 0.4 m legs: smaller tiles, steps and slopes than the 8 m defaults.
+ROUGH = TerrainGrid(
+    tile_size=4.0,
+    num_levels=6,
+    border=2.0,
+    platform_size=1.0,
+    max_roughness=0.05,
+    max_slope=0.35,
+    max_step_height=0.1,
+    step_width=0.3,
+)
 
 
 class QuadrupedTask(DistributedPPOTask[QuadrupedConfig]):
-    def get_mujoco_model(self) -> mujoco.MjModel:
-        return load_mujoco_model("quadruped.xml")
+    def validate_config(self) -> None:
+        super().validate_config()
+        if self.config.terrain not in ("flat", "rough"):
+            raise ConfigError(f"terrain={self.config.terrain!r} must be 'flat' or 'rough'")
+
+    @property
+    def rough(self) -> bool:
+        return self.config.terrain == "rough"
+
+    def get_mujoco_model(self) -> mujoco.MjModel | mujoco.MjSpec:
+        return load_mujoco_spec("quadruped.xml") if self.rough else load_mujoco_model("quadruped.xml")
+
+    def get_terrain(self) -> TerrainGrid | None:
+        return ROUGH if self.rough else None
+
+    def get_terrain_curriculum(self) -> TerrainCurriculum | None:
+        return TerrainCurriculum() if self.rough else None
+
+    def get_command(self) -> Command | None:
+        if not self.rough:
+            return None
+        forward = (self.config.target_velocity, self.config.target_velocity)
+        return VelocityCommand(forward=forward, lateral=(0.0, 0.0), yaw_rate=(0.0, 0.0), zero_probability=0.0)
 
     @property
     def home_pose(self) -> tuple[float, ...]:
@@ -56,21 +99,24 @@ class QuadrupedTask(DistributedPPOTask[QuadrupedConfig]):
             obs.BaseAngularVelocity(),
             obs.LastAction(),
             obs.GaitPhase(period_s=self.config.gait_period_s),
+            *([obs.HeightScan(self.terrain, noise=0.02)] if self.terrain is not None else []),
         ]
 
     def get_rewards(self) -> Sequence[rew.Reward]:
         return [
             rew.ForwardVelocity(scale=2.0, target=self.config.target_velocity, sigma=0.5),
-            rew.FootSwingTracking(scale=0.5, feet=FEET, offsets=TROT, period_s=self.config.gait_period_s),
+            rew.FootSwingTracking(
+                scale=0.5, feet=FEET, offsets=TROT, period_s=self.config.gait_period_s, terrain=self.terrain
+            ),
             rew.Upright(scale=0.5),
-            rew.FeetSlip(scale=-0.1, feet=FEET, contact_height=0.03),
+            rew.FeetSlip(scale=-0.1, feet=FEET, contact_height=0.03, terrain=self.terrain),
             rew.JointPoseDeviation(scale=-0.1, pose=self.home_pose),
             rew.ControlCost(scale=-2e-4),
             rew.ActionRatePenalty(scale=-0.01),
         ]
 
     def get_terminations(self) -> Sequence[term.Termination]:
-        return [term.BaseTooLow(min_height=0.15), term.BaseTilted(max_angle=0.8)]
+        return [term.BaseTooLow(min_height=0.15, terrain=self.terrain), term.BaseTilted(max_angle=0.8)]
 
     def get_resets(self) -> Sequence[Reset]:
         return [RandomJointPositions(scale=0.1), RandomJointVelocities(scale=0.2)]

@@ -19,7 +19,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from ksim.config import ConfigError
-from ksim.engine import ModelLayout, StepContext
+from ksim.engine import ModelLayout, StepContext, rotate
+from ksim.terrain import Terrain
 
 Array = jax.Array
 
@@ -247,6 +248,41 @@ class Command(Observation):
 
     def observe(self, ctx: StepContext) -> Array:
         return ctx.command * self.scale
+
+
+@dataclass(frozen=True)
+class HeightScan(_BaseObservation):
+    """Terrain heights on a grid around the base minus the base's height, clipped to ±`clip` m: `size` (x, y)
+    m with `spacing` m between points (17 x 11 points by default, as legged_gym and Isaac Lab), centred on the
+    base and turning with its yaw. Looked up in the terrain's height array (`mjx.ray` misses heightfields)."""
+
+    terrain: Terrain
+    size: tuple[float, float] = (1.6, 1.0)
+    spacing: float = 0.1
+    clip: float = 1.0
+
+    def check(self, layout: ModelLayout) -> None:
+        super().check(layout)
+        if self.spacing <= 0 or min(self.size) < 0 or self.clip <= 0:
+            raise ConfigError(
+                f"{self.name}: spacing={self.spacing} and clip={self.clip} must be positive, size={self.size} >= 0"
+            )
+
+    @property
+    def points(self) -> np.ndarray:
+        """(n, 2) grid points in the base's yaw frame."""
+        axes = [np.linspace(-s / 2, s / 2, round(s / self.spacing) + 1) for s in self.size]
+        return np.stack(np.meshgrid(*axes, indexing="ij"), axis=-1).reshape(-1, 2)
+
+    def observe(self, ctx: StepContext) -> Array:
+        forward = rotate(ctx.base_quat, jnp.array([1.0, 0.0, 0.0]))
+        yaw = jnp.arctan2(forward[1], forward[0])
+        cos, sin = jnp.cos(yaw), jnp.sin(yaw)
+        points = jnp.asarray(self.points, jnp.float32)
+        world = ctx.base_pos[:2] + jnp.stack(
+            [cos * points[:, 0] - sin * points[:, 1], sin * points[:, 0] + cos * points[:, 1]], -1
+        )
+        return jnp.clip(self.terrain.height_at(world) - ctx.base_pos[2], -self.clip, self.clip)
 
 
 def check_noise(observations: tuple[Observation, ...]) -> None:

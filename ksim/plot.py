@@ -3,7 +3,8 @@
 Training writes the same picture when it ends. The curves are read from `scalars.jsonl` (one JSON object
 per log line): the mean return and length of the episodes that ended in each logging window, and the
 deterministic evaluation return where the run evaluated (`eval_every_n_steps`), against env steps. Runs
-whose evaluations measured locomotion get a third panel: the evaluation's base speed and fall rate.
+whose evaluations measured locomotion get a third panel: the evaluation's base speed and fall rate; runs on
+a terrain with a curriculum one more: the training envs' mean terrain level.
 """
 
 from __future__ import annotations
@@ -56,6 +57,14 @@ def draw_locomotion_panel(axis: Any, rows: list[dict[str, float]]) -> None:
     axis.legend(lines, [line.get_label() for line in lines], loc="center right", fontsize=8)
 
 
+def draw_terrain_panel(axis: Any, rows: list[dict[str, float]]) -> None:
+    """The terrain curriculum's mean level over the training envs, and the level evaluations ran on."""
+    axis.plot(*series(rows, "terrain/mean_level"), color="tab:brown", label="training envs' mean level")
+    axis.plot(*series(rows, "eval/terrain_level"), "o", color="tab:gray", label="evaluation level")
+    axis.set(xlabel="env steps", ylabel="terrain level", title="Terrain curriculum")
+    axis.legend(fontsize=8)
+
+
 def plot_learning_curve(run_dir: str | Path, title: str | None = None) -> Path:
     """Writes `learning_curve.png` in the run folder and returns its path."""
     import matplotlib
@@ -66,11 +75,15 @@ def plot_learning_curve(run_dir: str | Path, title: str | None = None) -> Path:
     run_dir = Path(run_dir)
     rows = read_scalars(run_dir)
     locomotion = any("eval/base_speed_x" in row for row in rows)
-    figure, axes = plt.subplots(1, 3 if locomotion else 2, figsize=(15 if locomotion else 10, 3.6))
+    terrain = any("terrain/mean_level" in row for row in rows)
+    panels = 2 + locomotion + terrain
+    figure, axes = plt.subplots(1, panels, figsize=(5 * panels, 3.6))
     draw_panel(axes[0], rows, "return", "episode return", "training episodes (mean per log line)")
     draw_panel(axes[1], rows, "length", "control steps", "training episodes")
     if locomotion:
         draw_locomotion_panel(axes[2], rows)
+    if terrain:
+        draw_terrain_panel(axes[-1], rows)
     figure.suptitle(title or run_dir.name)
     figure.tight_layout()
     path = run_dir / PICTURE

@@ -16,6 +16,7 @@ from ksim.config import ConfigError
 from ksim.engine import ModelLayout, Point, StepContext, rotate
 from ksim.observations import DEFAULT_POSE, feet_geoms
 from ksim.stateful import Stateful
+from ksim.terrain import Terrain, height_above_ground
 
 Array = jax.Array
 
@@ -193,6 +194,7 @@ class FeetSlip(Reward):
 
     feet: tuple[str, ...] = ()
     contact_height: float | None = None
+    terrain: Terrain | None = None  # with contact_height: heights above its surface (above z = 0 without one)
 
     def check(self, layout: ModelLayout) -> None:
         feet_points(layout, self.feet, f"{self.name}.feet")
@@ -205,7 +207,7 @@ class FeetSlip(Reward):
             if self.contact_height is None:
                 touching = ctx.in_contact(feet_geoms(ctx.layout, self.feet, self.name)[index])
             else:
-                touching = ctx.point_pos(point)[2] < self.contact_height
+                touching = height_above_ground(self.terrain, ctx.point_pos(point)) < self.contact_height
             total += jnp.where(touching, jnp.sum(jnp.square(ctx.point_lin_vel_world(point)[:2])), 0.0)
         return total
 
@@ -226,6 +228,7 @@ class FootSwingTracking(Reward):
     swing_height: float = 0.08
     ground_height: float = 0.02
     sigma: float = 0.05
+    terrain: Terrain | None = None  # heights above its surface (above z = 0 without one)
 
     def check(self, layout: ModelLayout) -> None:
         feet_points(layout, self.feet, f"{self.name}.feet")
@@ -237,7 +240,8 @@ class FootSwingTracking(Reward):
     def value(self, ctx: StepContext) -> Array:
         phase = 2 * jnp.pi * (ctx.data.time / self.period_s + jnp.asarray(self.offsets))
         target = self.ground_height + self.swing_height * jnp.maximum(jnp.sin(phase), 0.0)
-        heights = jnp.stack([ctx.point_pos(point)[2] for point in feet_points(ctx.layout, self.feet, self.name)])
+        positions = jnp.stack([ctx.point_pos(point) for point in feet_points(ctx.layout, self.feet, self.name)])
+        heights = height_above_ground(self.terrain, positions)
         return jnp.exp(-jnp.sum(jnp.square(heights - target)) / self.sigma**2)
 
 

@@ -12,6 +12,7 @@ import jax.numpy as jnp
 from ksim.config import ConfigError
 from ksim.engine import ModelLayout, StepContext
 from ksim.observations import feet_geoms
+from ksim.terrain import Terrain, height_above_ground
 
 Array = jax.Array
 
@@ -37,10 +38,13 @@ class _BaseTermination(Termination):
 
 @dataclass(frozen=True)
 class BaseTooLow(_BaseTermination):
+    """The base is lower than `min_height` above the ground (the terrain's surface below it, if given)."""
+
     min_height: float
+    terrain: Terrain | None = None
 
     def terminated(self, ctx: StepContext) -> Array:
-        return ctx.base_pos[2] < self.min_height
+        return height_above_ground(self.terrain, ctx.base_pos) < self.min_height
 
 
 @dataclass(frozen=True)

@@ -20,8 +20,9 @@ from ksim import rewards as rew
 from ksim import terminations as term
 from ksim.config import ConfigError
 from ksim.engine import PhysicsEngine, StepContext, load_mujoco_model
+from ksim.physics import create_engine
 
-PHYSICS_IMPLS = ["jax"]
+PHYSICS_IMPLS = ["jax", "mujoco"]
 FEET = ("FL", "FR", "HL", "HR")
 CTRL_DT, DT = 0.02, 0.004
 # The joints that lift the front-right foot ~0.17 m off the floor from the home pose (hip pitch, knee bent).
@@ -35,7 +36,7 @@ def mj_model() -> mujoco.MjModel:
 
 @pytest.fixture(scope="module", params=PHYSICS_IMPLS)
 def engine(request: pytest.FixtureRequest, mj_model: mujoco.MjModel) -> PhysicsEngine:
-    return PhysicsEngine.create(mj_model, CTRL_DT, DT, physics_impl=request.param)
+    return create_engine(mj_model, CTRL_DT, DT, physics_impl=request.param)
 
 
 def _context(engine: PhysicsEngine, data: Any, prev: Any = None, state: Any = None) -> StepContext:

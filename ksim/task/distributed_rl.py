@@ -190,6 +190,9 @@ class DistributedRLTask(RLTask[DistributedConfigT]):
     def cross_device_sum(self, tree: Any) -> Any:
         return jax.lax.psum(tree, self.axis_name)
 
+    def shard_env_offset(self, num_envs: int) -> Array:
+        return jax.lax.axis_index(self.axis_name) * num_envs
+
     def place_replicated(self, tree: Any) -> Any:
         return replicate(tree, self.devices, self.axis_name)
 

@@ -28,6 +28,7 @@ from ksim.rewards import Reward
 from ksim.stateful import Stateful
 from ksim.task.types import Episode, PolicyOutput, PolicyState, Trajectory, Transition
 from ksim.terminations import Termination, physics_diverged
+from ksim.terrain import Terrain, TerrainCells, free_base_position
 
 Array = jax.Array
 
@@ -105,6 +106,8 @@ class Environment:
     components: Components
     settings: EnvSettings
     policy: Policy
+    terrain: Terrain | None = None
+    spawn_jitter: float = 0.0  # m in x and y around a tile's centre (terrain only)
 
     def observe(self, ctx: StepContext) -> Array:
         return jnp.concatenate([jnp.ravel(obs.observe(ctx)) for obs in self.components.observations])
@@ -126,7 +129,7 @@ class Environment:
 
         def start(rng: Array) -> tuple[Episode, list[Array]]:
             # No policy state here: its shape depends on the observations' (the policy's memory holds frames).
-            episode = self.start_episode(rng, PolicyState(jnp.zeros((0, 0)), jnp.zeros((2, 0))))
+            episode = self.start_episode(rng, policy_state=PolicyState(jnp.zeros((0, 0)), jnp.zeros((2, 0))))
             data, no_action = episode.data, episode.last_action
             ctx = self.engine.context(data, data, no_action, no_action, data.ctrl, episode.command)
             critic_group = self.components.critic_observations or ()
@@ -162,13 +165,19 @@ class Environment:
         has_noise = any(obs.noise > 0 for obs in self.components.observations)
         return has_noise and (not deterministic or self.settings.eval_observation_noise)
 
-    def start_episode(self, rng: Array, policy_state: PolicyState | None = None) -> Episode:
+    def start_episode(
+        self, rng: Array, cell: TerrainCells | None = None, policy_state: PolicyState | None = None
+    ) -> Episode:
         """A new episode of one env: default pose perturbed by the task's resets, model randomized, a command,
-        the policy's initial state (unless `policy_state` is given)."""
+        the policy's initial state (unless `policy_state` is given); with a terrain, the pose moved onto the
+        centre platform of `cell`'s tile."""
         engine, parts, ctrl_dt = self.engine, self.components, self.settings.ctrl_dt
         randomize_key, command_key, event_key = jax.random.split(jax.random.fold_in(rng, 1), 3)
         rng, *reset_keys = jax.random.split(rng, len(parts.resets) + 1)
         qpos = jnp.asarray(engine.default_qpos, dtype=jnp.float32)
+        if self.terrain is not None and cell is not None:
+            spawn = self.terrain.spawn_offset(cell, jax.random.fold_in(rng, 2), self.spawn_jitter)
+            qpos = qpos.at[free_base_position(engine.layout)].add(spawn)
         qvel = jnp.zeros(engine.mj_model.nv)
         for reset, key in zip(parts.resets, reset_keys, strict=True):
             qpos, qvel = reset.apply(qpos, qvel, engine.layout, key)

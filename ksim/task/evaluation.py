@@ -23,9 +23,11 @@ from ksim.engine import StepContext
 from ksim.rewards import heading_velocity
 from ksim.task.env import Environment
 from ksim.task.types import Episode, RLConfig
+from ksim.terrain import TerrainCells
 
 Array = jax.Array
-EvalProgram = Callable[[Any, Array], tuple["EpisodeStats", Array, Array]]  # (shared, env keys) -> stats, qpos, steps
+# (shared, env keys, terrain levels) -> stats, qpos, steps
+EvalProgram = Callable[[Any, Array, Array], tuple["EpisodeStats", Array, Array]]
 
 
 class EpisodeStats(struct.PyTreeNode):
@@ -47,6 +49,7 @@ class EvalResult(NamedTuple):
     fell: np.ndarray  # each episode ended by a termination
     command_error: np.ndarray | None  # each episode's mean velocity-tracking error, m/s; None without a command
     qpos: np.ndarray
+    terrain_level: int | None = None  # the terrain level the episodes ran on; None without a terrain
 
 
 def tracks_velocity(command: Command | None) -> bool:
@@ -61,10 +64,11 @@ def step_measures(command: Command | None, ctx: StepContext) -> tuple[Array, Arr
     return speed_x, jnp.linalg.norm(heading_velocity(ctx)[:2] - ctx.command[:2])
 
 
-def make_eval_program(environment: Environment) -> EvalProgram:
-    """A jitted program: (shared, env_keys) -> (per-episode stats, env 0's qpos per step, steps run).
+def make_eval_program(environment: Environment, terrain_column: int | None = None) -> EvalProgram:
+    """A jitted program: (shared, env_keys, levels) -> (per-episode stats, env 0's qpos per step, steps run).
 
-    Each env plays its first episode with the mean action; a `while_loop` ends when all have ended
+    Each env plays its first episode with the mean action (with a terrain, episode i on the tile of its level
+    and of column `terrain_column`, or i modulo the number of columns); a `while_loop` ends when all have ended
     (or at the episode limit), so a policy that fails fast is evaluated fast.
     """
     max_steps = environment.settings.max_episode_steps
@@ -81,9 +85,15 @@ def make_eval_program(environment: Environment) -> EvalProgram:
 
     step_all = jax.vmap(step_one, in_axes=(None, 0))
 
-    def run_episodes(shared: Any, env_keys: Array) -> tuple[EpisodeStats, Array, Array]:
+    def run_episodes(shared: Any, env_keys: Array, levels: Array) -> tuple[EpisodeStats, Array, Array]:
         num_envs = env_keys.shape[0]
-        episode = jax.vmap(environment.start_episode)(env_keys)
+        if environment.terrain is None:
+            episode = jax.vmap(environment.start_episode)(env_keys)
+        else:
+            columns = jnp.arange(num_envs, dtype=jnp.int32) % len(environment.terrain.grid.types)
+            if terrain_column is not None:
+                columns = jnp.full(num_envs, terrain_column, jnp.int32)
+            episode = jax.vmap(environment.start_episode)(env_keys, TerrainCells(level=levels, column=columns))
         qpos_log = jnp.zeros((max_steps, episode.data.qpos.shape[-1]))
 
         def running_any(carry: tuple[Any, ...]) -> Array:
@@ -128,6 +138,8 @@ def summary_scalars(result: EvalResult) -> dict[str, float]:
     }
     if result.command_error is not None:
         scalars["eval/command_error"] = float(np.mean(result.command_error))
+    if result.terrain_level is not None:
+        scalars["eval/terrain_level"] = float(result.terrain_level)
     return scalars
 
 
@@ -135,21 +147,34 @@ class Evaluator:
     """Evaluates a policy in an `Environment`: `num_episodes` deterministic episodes from fresh envs drawn from
     `seed`, on this process's first device (one jitted program, `program`)."""
 
-    def __init__(self, environment: Environment, num_episodes: int, seed: int) -> None:
+    def __init__(
+        self,
+        environment: Environment,
+        num_episodes: int,
+        seed: int,
+        terrain_level: int = 0,
+        terrain_column: int | None = None,
+    ) -> None:
         self.environment = environment
         self.num_episodes = num_episodes
         self.seed = seed
+        self.terrain_level = terrain_level
+        self.terrain_column = terrain_column
 
     @functools.cached_property
     def program(self) -> EvalProgram:
-        return make_eval_program(self.environment)
+        return make_eval_program(self.environment, self.terrain_column)
 
-    def inputs(self, shared: Any, num_episodes: int | None = None, seed: int | None = None) -> tuple[Any, Array]:
-        """(shared state on this process's first device, env keys) for the program; `shared` is a host copy."""
+    def inputs(
+        self, shared: Any, num_episodes: int | None = None, seed: int | None = None, level: int | None = None
+    ) -> tuple[Any, Array, Array]:
+        """(shared state on this process's first device, env keys, terrain levels) for the program; `shared` is a
+        host copy; `level` defaults to `terrain_level` (unused without a terrain)."""
         num_episodes = self.num_episodes if num_episodes is None else num_episodes
         seed = self.seed if seed is None else seed
         keys = jax.random.split(jax.random.PRNGKey(seed), num_episodes)
-        return jax.device_put(shared, jax.local_devices()[0]), keys
+        levels = jnp.full(num_episodes, self.terrain_level if level is None else level, jnp.int32)
+        return jax.device_put(shared, jax.local_devices()[0]), keys, levels
 
     def run(
         self,
@@ -157,9 +182,10 @@ class Evaluator:
         num_episodes: int | None = None,
         seed: int | None = None,
         program: EvalProgram | None = None,
+        level: int | None = None,
     ) -> EvalResult:
         """Deterministic episodes from fresh envs, with their locomotion measures (`program`: a compiled one)."""
-        inputs = self.inputs(shared, num_episodes, seed)
+        inputs = self.inputs(shared, num_episodes, seed, level)
         stats, qpos, _ = jax.device_get((program or self.program)(*inputs))
         steps = np.maximum(stats.lengths, 1)
         tracking = tracks_velocity(self.environment.components.command)
@@ -170,6 +196,7 @@ class Evaluator:
             stats.terminated,
             stats.command_error_sum / steps if tracking else None,
             first_episode(qpos, stats.lengths),
+            int(inputs[2][0]) if self.environment.terrain is not None and len(inputs[2]) else None,
         )
 
 

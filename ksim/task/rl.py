@@ -29,7 +29,7 @@ from omegaconf import OmegaConf
 
 from ksim.actuators import Actuators
 from ksim.checkpoint import check_metadata, load_metadata
-from ksim.commands import Command, check_command_users
+from ksim.commands import Command, VelocityCommand, check_command_users
 from ksim.config import (
     ConfigError,
     parse_command_line,
@@ -55,10 +55,11 @@ from ksim.task.checkpointing import (
     save_run_checkpoint,
 )
 from ksim.task.env import Components, Environment, EnvSettings
-from ksim.task.evaluation import EvalResult, Evaluator, report_evaluation, summary_scalars
+from ksim.task.evaluation import EvalResult, Evaluator, eval_line, report_evaluation, summary_scalars
 from ksim.task.loop import AheadOfTimeProgram, ProcessHooks, compile_programs, run_training
 from ksim.task.types import (
     EnvState,
+    Episode,
     PolicyOutput,
     PolicyState,
     RLConfig,
@@ -68,6 +69,7 @@ from ksim.task.types import (
     Transition,
 )
 from ksim.terminations import Termination
+from ksim.terrain import Terrain, TerrainCells, TerrainCurriculum, TerrainGrid, initial_cells
 from ksim.viewer_settings import ViewSettings, check_geom_groups, check_view_port, command_ranges
 from ksim.wandb_logging import WANDB_EXTRA, WandbRun
 
@@ -96,6 +98,7 @@ class RLTask(ABC, Generic[ConfigT]):
     def __init__(self, config: ConfigT) -> None:
         self.config = config
         self.validate_config()
+        self.terrain = self.build_terrain()
         self.engine = self.get_engine()
         self.observations = tuple(self.get_observations())
         self.rewards = tuple(self.get_rewards())
@@ -117,6 +120,8 @@ class RLTask(ABC, Generic[ConfigT]):
         check_noise(self.observations)
         self.actuators = self.get_actuators()
         check_randomizations(self.randomizations, self.actuators)
+        self.curriculum = self.get_terrain_curriculum()
+        spawn_jitter = self.check_terrain_use()
         components = Components(
             self.observations,
             self.rewards,
@@ -131,8 +136,10 @@ class RLTask(ABC, Generic[ConfigT]):
         settings = EnvSettings(
             config.ctrl_dt, self.max_episode_steps, config.action_delay_steps, config.eval_observation_noise
         )
-        self.environment = Environment(self.engine, components, settings, self)
-        self.evaluator = Evaluator(self.environment, config.eval_episodes, config.seed)
+        self.environment = Environment(self.engine, components, settings, self, self.terrain, spawn_jitter)
+        self.evaluator = Evaluator(
+            self.environment, config.eval_episodes, config.seed, self.eval_terrain_level, self.eval_terrain_column
+        )
         self.reward_names = components.reward_names
         self.model = self.get_model()
         self.optimizer = self.get_optimizer()
@@ -146,12 +153,77 @@ class RLTask(ABC, Generic[ConfigT]):
     # ----- what a task defines ---------------------------------------------------------------------------
 
     @abstractmethod
-    def get_mujoco_model(self) -> mujoco.MjModel: ...
+    def get_mujoco_model(self) -> mujoco.MjModel | mujoco.MjSpec:
+        """The robot's model; an `MjSpec` (ksim.terrain.load_mujoco_spec) when the task has a terrain."""
+
+    def get_terrain(self) -> TerrainGrid | None:
+        """Rough terrain (ksim.terrain): one heightfield added to the model; None keeps the model's floor."""
+        return None
+
+    def get_terrain_curriculum(self) -> TerrainCurriculum | None:
+        """Moves envs between the terrain's levels at their episodes' ends (needs a terrain and a velocity command)."""
+        return None
+
+    def build_terrain(self) -> Terrain | None:
+        grid = self.get_terrain()
+        return None if grid is None else grid.build()
+
+    def build_mujoco_model(self) -> mujoco.MjModel:
+        """The task's model, with the terrain's heightfield when it has one."""
+        model = self.get_mujoco_model()
+        if self.terrain is None:
+            return model.compile() if isinstance(model, mujoco.MjSpec) else model
+        if not isinstance(model, mujoco.MjSpec):
+            raise ConfigError(
+                "get_terrain needs get_mujoco_model to return a mujoco.MjSpec (ksim.terrain.load_mujoco_spec), so the "
+                "terrain is added before the model compiles"
+            )
+        compiled = self.terrain.compile(model)
+        self.terrain.check_model(compiled, uses_mjx=True)
+        return compiled
+
+    def check_terrain_use(self) -> float:
+        """ConfigError for a curriculum without a terrain or velocity command, or an eval level off the grid;
+        returns how far spawns may move around a tile's centre."""
+        if self.terrain is None:
+            if self.curriculum is not None:
+                raise ConfigError("get_terrain_curriculum needs a terrain (get_terrain returns None)")
+            return 0.0
+        grid = self.terrain.grid
+        if self.curriculum is not None:
+            self.curriculum.check(grid)
+            if not isinstance(self.command, VelocityCommand):
+                raise ConfigError(
+                    "get_terrain_curriculum needs a velocity command (get_command returning VelocityCommand): an env "
+                    "moves down when it walks less than its command asked"
+                )
+        if not -1 <= self.config.eval_terrain_level < grid.num_levels:
+            raise ConfigError(
+                f"eval_terrain_level={self.config.eval_terrain_level} must be -1 (the middle level) or in "
+                f"[0, {grid.num_levels})"
+            )
+        if self.config.eval_terrain_type and self.config.eval_terrain_type not in grid.types:
+            raise ConfigError(
+                f"eval_terrain_type={self.config.eval_terrain_type!r} must be empty or one of the terrain's types: "
+                + ", ".join(grid.types)
+            )
+        engine = self.engine
+        return self.terrain.spawn_jitter(engine.mj_model, engine.default_qpos, engine.layout.base_body)
+
+    @property
+    def eval_terrain_level(self) -> int:
+        level = self.config.eval_terrain_level
+        return level if level >= 0 or self.terrain is None else self.terrain.grid.num_levels // 2
+
+    @property
+    def eval_terrain_column(self) -> int | None:
+        kind = self.config.eval_terrain_type
+        return None if self.terrain is None or not kind else self.terrain.grid.types.index(kind)
 
     def get_engine(self) -> PhysicsEngine:
         """The physics engine; override to step the model differently."""
         config = self.config
-        model, envs = self.get_mujoco_model(), max(config.num_envs, config.eval_episodes)  # most envs of one call
+        model, envs = self.build_mujoco_model(), max(config.num_envs, config.eval_episodes)  # most envs of one call
         return create_engine(
             model, config.ctrl_dt, config.dt, config.base_body, config.root_joints, config.physics_impl, envs
         )
@@ -290,6 +362,10 @@ class RLTask(ABC, Generic[ConfigT]):
     def cross_device_sum(self, tree: Any) -> Any:
         return tree
 
+    def shard_env_offset(self, num_envs: int) -> Array:
+        """The global index of this shard's first env."""
+        return jnp.zeros((), jnp.int32)
+
     def debug_print(self, tag: str, values: dict[str, Array]) -> None:
         """Prints traced values from inside the device program (DistributedRLTask, with debug=true)."""
 
@@ -341,7 +417,32 @@ class RLTask(ABC, Generic[ConfigT]):
             next_start_ready=jnp.zeros(num_envs, bool),
             episodes_started=jnp.zeros(num_envs, jnp.int32),
             reset_key=env_keys,
+            terrain=self.first_cells(env_keys),
         )
+
+    def first_cells(self, env_keys: Array) -> TerrainCells:
+        num_envs = env_keys.shape[0]
+        if self.terrain is None:
+            return TerrainCells(level=jnp.zeros(num_envs, jnp.int32), column=jnp.zeros(num_envs, jnp.int32))
+        start_level = 0 if self.curriculum is None else self.curriculum.max_start_level
+        env_index = self.shard_env_offset(num_envs) + jnp.arange(num_envs)
+        return initial_cells(env_index, env_keys, len(self.terrain.grid.types), start_level)
+
+    def next_cells(self, env: EnvState, ended_episode: Episode, ended: Array) -> TerrainCells:
+        """The curriculum's step: the tiles of envs whose episode ended move by the curriculum's rule."""
+        if self.terrain is None or self.curriculum is None:
+            return env.terrain
+        grid, curriculum = self.terrain.grid, self.curriculum
+        base_xy = ended_episode.data.xpos[:, self.engine.layout.base_body, :2]
+        walked = jnp.linalg.norm(base_xy - self.terrain.origin(env.terrain), axis=-1)
+        episode_s = self.max_episode_steps * self.config.ctrl_dt
+        commanded = jnp.linalg.norm(ended_episode.command[:, :2], axis=-1) * episode_s
+        keys = jax.vmap(lambda key, count: jax.random.fold_in(jax.random.fold_in(key, count), 2))(
+            env.reset_key, env.episodes_started
+        )
+        advance = functools.partial(curriculum.next_level, tile_size=grid.tile_size, num_levels=grid.num_levels)
+        level = jax.vmap(advance)(env.terrain.level, walked, commanded, keys)
+        return env.terrain.replace(level=jnp.where(ended, level, env.terrain.level))
 
     def refill_next_starts(self, env: EnvState) -> EnvState:
         """Computes the next episode start of every env whose start was used, a chunk of envs at a time.
@@ -356,7 +457,7 @@ class RLTask(ABC, Generic[ConfigT]):
             (index,) = jnp.nonzero(~env.next_start_ready, size=chunk, fill_value=num_envs)  # num_envs: no env
             safe = jnp.minimum(index, num_envs - 1)
             keys = jax.vmap(jax.random.fold_in)(env.reset_key[safe], env.episodes_started[safe])
-            fresh = jax.vmap(self.environment.start_episode)(keys)
+            fresh = jax.vmap(self.environment.start_episode)(keys, jax.tree.map(lambda cells: cells[safe], env.terrain))
             next_start = jax.tree.map(lambda pool, new: pool.at[index].set(new, mode="drop"), env.next_start, fresh)
             ready = env.next_start_ready.at[index].set(True, mode="drop")
             return env.replace(next_start=next_start, next_start_ready=ready)
@@ -373,11 +474,15 @@ class RLTask(ABC, Generic[ConfigT]):
         env = self.refill_if(starting & ~env.next_start_ready, env)
         current = select_envs(starting, env.next_start, env.current)
         stepped, transition = jax.vmap(self.environment.step_env, in_axes=(None, 0))(shared, current)
+        ended = transition.trajectory.terminated | transition.trajectory.truncated
+        env = env.replace(episodes_started=env.episodes_started + starting)
+        cells = self.next_cells(env, stepped, ended)
+        moved = cells.level != env.terrain.level  # a start computed ahead for the old tile is computed again
         env = env.replace(
             current=stepped,
-            ended=transition.trajectory.terminated | transition.trajectory.truncated,
-            next_start_ready=env.next_start_ready & ~starting,
-            episodes_started=env.episodes_started + starting,
+            ended=ended,
+            next_start_ready=env.next_start_ready & ~starting & ~moved,
+            terrain=cells,
         )
         return env, transition
 
@@ -397,6 +502,8 @@ class RLTask(ABC, Generic[ConfigT]):
             "terminations": jnp.sum(trajectory.terminated, dtype=jnp.float32),
         }
         metrics |= {f"reward/{name}": jnp.mean(term) for name, term in transitions.reward_terms.items()}
+        if self.terrain is not None:
+            metrics["terrain/mean_level"] = jnp.mean(env.terrain.level.astype(jnp.float32))
         metrics["reward/total"] = jnp.mean(trajectory.reward)
         return env, trajectory, metrics
 
@@ -432,8 +539,9 @@ class RLTask(ABC, Generic[ConfigT]):
 
     def reduce_rollout_metrics(self, metrics: Metrics) -> Metrics:
         """Episode counts and sums add up over shards; per-step reward means average."""
-        sums = {k: v for k, v in metrics.items() if not k.startswith("reward/")}
-        means = {k: v for k, v in metrics.items() if k.startswith("reward/")}
+        averaged = ("reward/", "terrain/")
+        sums = {k: v for k, v in metrics.items() if not k.startswith(averaged)}
+        means = {k: v for k, v in metrics.items() if k.startswith(averaged)}
         return self.cross_device_sum(sums) | self.cross_device_mean(means)
 
     # ----- compiled entry points ------------------------------------------------------------------------------
@@ -604,12 +712,15 @@ class RLTask(ABC, Generic[ConfigT]):
 
     # ----- evaluation (ksim.task.evaluation.Evaluator) -----------------------------------------------------------
 
-    def evaluate(self, shared: SharedState, num_episodes: int | None = None, seed: int | None = None) -> EvalResult:
-        """Deterministic episodes from fresh envs (the precompiled program where the shapes are the run's):
-        returns, lengths, locomotion measures and env 0's qpos per control step."""
+    def evaluate(
+        self, shared: SharedState, num_episodes: int | None = None, seed: int | None = None, level: int | None = None
+    ) -> EvalResult:
+        """Deterministic episodes from fresh envs (the precompiled program where the shapes are the run's), on
+        terrain level `level` (default: eval_terrain_level): returns, lengths, locomotion measures and env 0's
+        qpos per control step."""
         precompiled_shape = num_episodes in (None, self.config.eval_episodes)
         program = self.program("eval", self.evaluator.program) if precompiled_shape else None
-        return self.evaluator.run(shared, num_episodes, seed, program)
+        return self.evaluator.run(shared, num_episodes, seed, program, level)
 
     def eval_due(self, step: int) -> bool:
         every = self.config.eval_every_n_steps
@@ -620,6 +731,10 @@ class RLTask(ABC, Generic[ConfigT]):
         contents = self.load_contents(self.config.load_from_ckpt_path)
         result = self.evaluate(contents["shared"])
         video = report_evaluation(self.task_name, result, self.engine.mj_model, self.config)
+        if self.terrain is not None:  # the same episodes on every level: fall rate and speed per level
+            for level in range(self.terrain.grid.num_levels):
+                on_level = self.evaluate(contents["shared"], level=level)
+                print(f"terrain level {level}: {eval_line(self.task_name, on_level)}", flush=True)
         # The checkpoint's run folder (RUN/checkpoints/ckpt_*.bin) keeps the evaluation's W&B run.
         wandb_run = self.start_wandb(Path(self.config.load_from_ckpt_path).resolve().parent.parent, "eval")
         if wandb_run is not None:

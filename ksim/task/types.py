@@ -19,6 +19,7 @@ from mujoco import mjx
 
 from ksim.normalization import Normalizer
 from ksim.randomization import Randomized
+from ksim.terrain import TerrainCells
 
 Array = jax.Array
 
@@ -92,6 +93,10 @@ class RLConfig:
     )
     action_delay_steps: int = xax.field(0, help="The action applied is the one chosen this many control steps ago.")
     eval_observation_noise: bool = xax.field(False, help="Also add the observations' noise in evaluation.")
+    eval_terrain_level: int = xax.field(-1, help="Terrain level that evaluations run on (-1: the middle level).")
+    eval_terrain_type: str = xax.field(
+        "", help="Terrain type that evaluations run on (empty: episode i on type i modulo the number of types)."
+    )
 
 
 class PolicyState(struct.PyTreeNode):
@@ -168,6 +173,7 @@ class EnvState(struct.PyTreeNode):
     next_start_ready: Array
     episodes_started: Array
     reset_key: Array
+    terrain: TerrainCells  # each env's terrain tile (zeros without a terrain); the curriculum moves it
 
     @property
     def obs(self) -> Array:
