@@ -7,7 +7,7 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
-from helpers import BallTask, ball_config, cartpole_config
+from helpers import MEMORY_EPISODE_STEPS, BallTask, MemoryTask, ball_config, cartpole_config, memory_config
 
 from examples.cartpole import CartpoleTask
 from ksim.task.checkpointing import checkpoint_contents, save_run_checkpoint
@@ -61,3 +61,21 @@ def test_checkpoint_of_another_task_is_refused(tmp_path: Path, capsys: pytest.Ca
         CartpoleTask.launch(cartpole_config(compilation_cache_dir=""), ["mode=view", f"load_from_ckpt_path={path}"])
     assert exit_info.value.code == 2
     assert "BallTask" in capsys.readouterr().err
+
+
+def test_a_recurrent_history_policy_carries_its_memory_and_restarts_it_each_episode() -> None:
+    """The viewer steps a GRU policy with an observation history through the env: its state moves from step to
+    step, and every new episode starts it afresh (zero GRU state, the history filled with the first frame)."""
+    task = MemoryTask(memory_config(recurrent_size=8, observation_history=3, compilation_cache_dir=""))
+    sim = ViewerSim(task.environment, jax.device_get(task.init_shared(jax.random.PRNGKey(0))), seed=0)
+    carries = []
+    for _ in range(MEMORY_EPISODE_STEPS):
+        carries.append(np.asarray(sim.episode.policy_state.carry))
+        report = sim.step()
+    assert report.ended_by == "time limit"
+    assert not np.any(carries[0]) and np.any(carries[1]) and not np.allclose(carries[1], carries[2])
+    restarted = sim.episode.policy_state
+    assert not np.any(np.asarray(restarted.carry))
+    frames = np.asarray(restarted.past_frames)
+    np.testing.assert_array_equal(frames, np.broadcast_to(frames[-1], frames.shape))
+    assert sim._step._cache_size() == 1
