@@ -43,14 +43,19 @@ PhysicsData = Any
 FREE, ARTICULATED, FIXED = "free", "articulated", "fixed"
 
 
-def load_mujoco_model(path: str | Path) -> mujoco.MjModel:
-    """Loads an MJCF file; a bare file name is looked up in ksim's bundled assets."""
+def asset_path(path: str | Path) -> Path:
+    """An MJCF file's path; a bare file name is looked up in ksim's bundled assets."""
     candidate = Path(path)
     if not candidate.exists() and (ASSETS_DIR / candidate).exists():
         candidate = ASSETS_DIR / candidate
     if not candidate.exists():
         raise FileNotFoundError(f"MJCF model {path!s} not found (also looked in {ASSETS_DIR})")
-    return mujoco.MjModel.from_xml_path(str(candidate))
+    return candidate
+
+
+def load_mujoco_model(path: str | Path) -> mujoco.MjModel:
+    """Loads an MJCF file; a bare file name is looked up in ksim's bundled assets."""
+    return mujoco.MjModel.from_xml_path(str(asset_path(path)))
 
 
 def rotate(quat: Array, vec: Array) -> Array:

@@ -29,7 +29,7 @@ import numpy as np
 from flax import struct
 
 from ksim.config import ConfigError
-from ksim.engine import ASSETS_DIR, ModelLayout
+from ksim.engine import ModelLayout, asset_path
 
 Array = jax.Array
 
@@ -62,12 +62,7 @@ def height_above_ground(terrain: Terrain | None, pos: Array) -> Array:
 
 def load_mujoco_spec(path: str | Path) -> mujoco.MjSpec:
     """An MJCF file as an `MjSpec` (a bare file name is looked up in ksim's assets), for tasks with a terrain."""
-    candidate = Path(path)
-    if not candidate.exists() and (ASSETS_DIR / candidate).exists():
-        candidate = ASSETS_DIR / candidate
-    if not candidate.exists():
-        raise FileNotFoundError(f"MJCF model {path!s} not found (also looked in {ASSETS_DIR})")
-    return mujoco.MjSpec.from_file(str(candidate))
+    return mujoco.MjSpec.from_file(str(asset_path(path)))
 
 
 @dataclass(frozen=True)
