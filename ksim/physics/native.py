@@ -54,6 +54,17 @@ DERIVED = (
     "geom_xmat",
     "sensordata",
 )
+# The state as `mj_setState` takes it in one call: these elements, in this (their bits') order.
+STATE_SPEC_ORDER = ("time", "qpos", "qvel", "act", "qacc_warmstart", "ctrl", "xfrc_applied")
+STATE_SPEC = int(
+    mujoco.mjtState.mjSTATE_TIME
+    | mujoco.mjtState.mjSTATE_QPOS
+    | mujoco.mjtState.mjSTATE_QVEL
+    | mujoco.mjtState.mjSTATE_ACT
+    | mujoco.mjtState.mjSTATE_WARMSTART
+    | mujoco.mjtState.mjSTATE_CTRL
+    | mujoco.mjtState.mjSTATE_XFRC_APPLIED
+)
 CONTACT_FIELDS = ("geom1", "geom2", "dist", "pos", "normal_force")
 DEFAULT_CONTACT_ROWS = 32
 
@@ -318,15 +329,14 @@ class NativeEngine(PhysicsEngine):
         for name in scratch.written - set(names):  # randomized by an earlier call, not by this one
             getattr(model, name)[...] = getattr(self.mj_model, name)
         scratch.written = set(names)
+        by_state = dict(zip(STATE, state, strict=True))
+        # Every env's state as one float64 row in the order of `mj_setState`'s spec (its elements by bit).
+        rows = np.concatenate([by_state[name].reshape(n, -1) for name in STATE_SPEC_ORDER], axis=1, dtype=np.float64)
         found = _ContactLists()
         for env in range(n):
             for name, values in zip(names, fields, strict=True):
                 getattr(model, name)[...] = values[env]
-            for name, values in zip(STATE, state, strict=True):
-                if name == "time":
-                    mj_data.time = float(values[env])
-                else:
-                    getattr(mj_data, name)[...] = values[env]
+            mujoco.mj_setState(model, mj_data, rows[env], STATE_SPEC)
             mujoco.mj_forward(model, mj_data)
             found.add(env, mj_data)
         table = found.table(n, self.contact_rows, int(model.opt.cone) == mujoco.mjtCone.mjCONE_PYRAMIDAL)
