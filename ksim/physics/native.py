@@ -54,6 +54,17 @@ DERIVED = (
     "geom_xmat",
     "sensordata",
 )
+# The state as `mj_setState` takes it in one call: these elements, in this (their bits') order.
+STATE_SPEC_ORDER = ("time", "qpos", "qvel", "act", "qacc_warmstart", "ctrl", "xfrc_applied")
+STATE_SPEC = int(
+    mujoco.mjtState.mjSTATE_TIME
+    | mujoco.mjtState.mjSTATE_QPOS
+    | mujoco.mjtState.mjSTATE_QVEL
+    | mujoco.mjtState.mjSTATE_ACT
+    | mujoco.mjtState.mjSTATE_WARMSTART
+    | mujoco.mjtState.mjSTATE_CTRL
+    | mujoco.mjtState.mjSTATE_XFRC_APPLIED
+)
 CONTACT_FIELDS = ("geom1", "geom2", "dist", "pos", "normal_force")
 DEFAULT_CONTACT_ROWS = 32
 
@@ -318,24 +329,17 @@ class NativeEngine(PhysicsEngine):
         for name in scratch.written - set(names):  # randomized by an earlier call, not by this one
             getattr(model, name)[...] = getattr(self.mj_model, name)
         scratch.written = set(names)
-        rows = self.contact_rows
-        table = (
-            np.full((n, rows), -1, np.int32),
-            np.full((n, rows), -1, np.int32),
-            np.ones((n, rows), np.float32),
-            np.zeros((n, rows, 3), np.float32),
-            np.zeros((n, rows), np.float32),
-        )
+        by_state = dict(zip(STATE, state, strict=True))
+        # Every env's state as one float64 row in the order of `mj_setState`'s spec (its elements by bit).
+        rows = np.concatenate([by_state[name].reshape(n, -1) for name in STATE_SPEC_ORDER], axis=1, dtype=np.float64)
+        found = _ContactLists()
         for env in range(n):
             for name, values in zip(names, fields, strict=True):
                 getattr(model, name)[...] = values[env]
-            for name, values in zip(STATE, state, strict=True):
-                if name == "time":
-                    mj_data.time = float(values[env])
-                else:
-                    getattr(mj_data, name)[...] = values[env]
+            mujoco.mj_setState(model, mj_data, rows[env], STATE_SPEC)
             mujoco.mj_forward(model, mj_data)
-            _fill_contacts(model, mj_data, [t[env] for t in table])
+            found.add(env, mj_data)
+        table = found.table(n, self.contact_rows, int(model.opt.cone) == mujoco.mjtCone.mjCONE_PYRAMIDAL)
         return tuple(t.reshape((*lead, *t.shape[1:])) for t in table)
 
 
@@ -362,26 +366,67 @@ def reads_state(control: Callable[[NativeData], Array], data: NativeData) -> boo
     return any(v in needed for v in jaxpr.invars)
 
 
-def _fill_contacts(model: mujoco.MjModel, data: mujoco.MjData, table: list[np.ndarray]) -> None:
-    """The deepest contacts of `data` into one env's rows; the normal force as `mj_contactForce` gives it (a
-    pyramidal cone's facets each push along the normal by their whole force)."""
-    ncon = int(data.ncon)
-    if ncon == 0:
-        return
-    contact = data.contact
-    order = np.argsort(contact.dist[:ncon], kind="stable")[: table[0].shape[0]]
-    geom1, geom2, dist, pos, normal_force = table
-    count = len(order)
-    geom1[:count] = contact.geom1[order]
-    geom2[:count] = contact.geom2[order]
-    dist[:count] = contact.dist[order]
-    pos[:count] = contact.pos[order]
-    dim, address = contact.dim[order], contact.efc_address[order]
-    pyramidal = int(model.opt.cone) == mujoco.mjtCone.mjCONE_PYRAMIDAL
-    facets = np.where(dim == 1, 1, 2 * (dim - 1)) if pyramidal else np.ones_like(dim)
-    for row in range(count):
-        if address[row] >= 0:
-            normal_force[row] = data.efc_force[address[row] : address[row] + facets[row]].sum()
+class _ContactLists:
+    """Every env's contact list, gathered env by env with as few Python steps as possible, then sorted and cut
+    into the fixed-size table for all envs at once."""
+
+    def __init__(self) -> None:
+        self.envs: list[np.ndarray] = []
+        self.geoms: list[np.ndarray] = []
+        self.dists: list[np.ndarray] = []
+        self.pos: list[np.ndarray] = []
+        self.addresses: list[np.ndarray] = []
+        self.dims: list[np.ndarray] = []
+        self.efc: list[np.ndarray] = []
+        self.efc_count = 0
+
+    def add(self, env: int, data: mujoco.MjData) -> None:
+        ncon = int(data.ncon)
+        if ncon == 0:
+            return
+        contact = data.contact
+        self.envs.append(np.full(ncon, env, np.intp))
+        self.geoms.append(contact.geom.copy())
+        self.dists.append(contact.dist.copy())
+        self.pos.append(contact.pos.copy())
+        address = contact.efc_address.astype(np.intp)
+        self.addresses.append(np.where(address >= 0, address + self.efc_count, -1))
+        self.dims.append(contact.dim.copy())
+        efc = data.efc_force.copy()
+        self.efc.append(efc)
+        self.efc_count += len(efc)
+
+    def table(self, n: int, rows: int, pyramidal: bool) -> tuple[np.ndarray, ...]:
+        """The deepest `rows` contacts of each env (ties in their list's order); the normal force as
+        `mj_contactForce` gives it (a pyramidal cone's facets each push along the normal by their whole force)."""
+        geom1, geom2 = np.full((n, rows), -1, np.int32), np.full((n, rows), -1, np.int32)
+        dist, pos, normal_force = (
+            np.ones((n, rows), np.float32),
+            np.zeros((n, rows, 3), np.float32),
+            np.zeros((n, rows), np.float32),
+        )
+        if not self.envs:
+            return geom1, geom2, dist, pos, normal_force
+        envs, dists = np.concatenate(self.envs), np.concatenate(self.dists)
+        order = np.lexsort((dists, envs))  # by env, then by depth; stable
+        envs, dists = envs[order], dists[order]
+        starts = np.searchsorted(envs, envs, side="left")
+        rank = np.arange(len(envs)) - starts
+        keep = rank < rows
+        order, envs, rank, dists = order[keep], envs[keep], rank[keep], dists[keep]
+        geoms = np.concatenate(self.geoms)[order]
+        address, dims = np.concatenate(self.addresses)[order], np.concatenate(self.dims)[order]
+        facets = np.where(dims == 1, 1, 2 * (dims - 1)) if pyramidal else np.ones_like(dims)
+        efc = np.concatenate(self.efc) if self.efc_count else np.zeros(1)
+        width = int(facets.max())
+        index = address[:, None] + np.arange(width)[None, :]
+        used = (np.arange(width)[None, :] < facets[:, None]) & (address[:, None] >= 0)
+        forces = np.where(used, efc[np.clip(index, 0, len(efc) - 1)], 0.0).sum(axis=1)
+        geom1[envs, rank], geom2[envs, rank] = geoms[:, 0], geoms[:, 1]
+        dist[envs, rank] = dists
+        pos[envs, rank] = np.concatenate(self.pos)[order]
+        normal_force[envs, rank] = forces
+        return geom1, geom2, dist, pos, normal_force
 
 
 def default_threads() -> int:
