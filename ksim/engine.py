@@ -428,15 +428,13 @@ class StepContext(struct.PyTreeNode):
     ctrl_dt: float = struct.field(pytree_node=False)
     state: Any = None  # the stateful component's own state before this step (ksim.stateful); None for others
     terminated: Array | None = None  # whether a termination ended the episode at this step (rewards only)
+    no_contacts: str = struct.field(pytree_node=False, default="")  # why contact_table is None
 
     @property
     def contacts(self) -> Contacts:
         """The contacts of the state the control step ends in."""
         if self.contact_table is None:
-            raise ConfigError(
-                "a component reads contacts, which physics_impl='warp' does not give per env (MuJoCo Warp pools "
-                "every env's contacts); set physics_impl='jax' or 'mujoco'"
-            )
+            raise ConfigError(f"a component reads contacts, which {self.no_contacts}; set physics_impl='jax'")
         return self.contact_table
 
     # ----- joints (the robot joints unless named) ------------------------------------------------------
@@ -559,6 +557,7 @@ class PhysicsEngine(ABC):
     """
 
     physics_impl: ClassVar[str]
+    no_contacts: ClassVar[str] = ""  # why components cannot read contacts with this implementation ("": they can)
     mj_model: mujoco.MjModel
     ctrl_dt: float
     dt: float
@@ -613,8 +612,19 @@ class PhysicsEngine(ABC):
         command: Array | None = None,
     ) -> StepContext:
         command = jnp.zeros(0) if command is None else command
-        contacts = self.contacts(data)
-        return StepContext(data, prev_data, action, last_action, ctrl, command, contacts, self.layout, self.ctrl_dt)
+        contacts = None if self.no_contacts else self.contacts(data)
+        return StepContext(
+            data,
+            prev_data,
+            action,
+            last_action,
+            ctrl,
+            command,
+            contacts,
+            self.layout,
+            self.ctrl_dt,
+            no_contacts=self.no_contacts,
+        )
 
 
 def substeps_divide(ctrl_dt: float, dt: float) -> bool:

@@ -213,7 +213,7 @@ def test_inspect_advises_on_an_untuned_model(capsys: pytest.CaptureFixture[str])
     assert 'solver iterations=100: MJX runs them for the whole batch; try <option iterations="4"/>' in out
     assert 'line-search iterations=50: try <option ls_iterations="8"/>' in out
     assert "integrator RK4 evaluates the dynamics 4 times a step" in out
-    assert re.search(r"actuators \(8\):\n  #0 +motor +joint hip_4, gear 150, ctrl \[-1, 1\]\n", out)
+    assert re.search(r"actuators \(8\):\n  actuator #0 +motor +joint hip_4, gear 150, ctrl \[-1, 1\]\n", out)
     assert "fits: TorqueActuators (the action is the torque) or PositionActuators" in out
 
 

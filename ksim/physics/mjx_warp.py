@@ -28,6 +28,7 @@ class MjxWarpEngine(PhysicsEngine):
     mjx_model: mjx.Model
     max_envs: int = 1
     physics_impl = "warp"
+    no_contacts = "physics_impl='warp' does not give per env (MuJoCo Warp pools every env's contacts)"
 
     @property
     def field_defaults(self) -> mjx.Model:

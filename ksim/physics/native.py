@@ -184,6 +184,9 @@ class NativeEngine(PhysicsEngine):
     contact_rows: int = DEFAULT_CONTACT_ROWS
     nthread: int = 1
     physics_impl = "mujoco"
+    # `contacts` equals mj_contactForce when called on its own, but a training step whose components read it
+    # crashed inside XLA (segfault) on 1 and 2 devices; until that is understood, components cannot read it.
+    no_contacts = "physics_impl='mujoco' does not give components yet (its contact callback crashed a training step)"
 
     @property
     def field_defaults(self) -> ModelDefaults:
