@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, ClassVar
 
 import jax
@@ -277,3 +279,12 @@ def memory_config(**overrides: Any) -> MemoryConfig:
 
 def distributed_memory_config(**overrides: Any) -> DistributedMemoryConfig:
     return DistributedMemoryConfig(**{**MEMORY, **overrides})
+
+
+def onnxruntime_snippet(doc: str) -> str:
+    """The python block of docs/`doc` that imports onnxruntime: an exported policy run without ksim or JAX."""
+    text = (Path(__file__).resolve().parents[1] / "docs" / doc).read_text()
+    (snippet,) = [
+        block for block in re.findall(r"```python\n(.*?)```", text, re.DOTALL) if "onnxruntime as ort" in block
+    ]
+    return snippet

@@ -2,7 +2,6 @@
 
 import json
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -12,21 +11,13 @@ import jax.numpy as jnp
 import numpy as np
 import onnxruntime as ort
 import pytest
-from helpers import cartpole_config
+from helpers import cartpole_config, onnxruntime_snippet
 
 from examples.cartpole import CartpoleTask
 from ksim.config import ConfigError
 from ksim.export import PolicyInput, load_policy_spec
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def readme_snippet() -> str:
-    """The documented example (docs/real-robot.md, the python block that imports onnxruntime): an exported
-    policy run with onnxruntime alone (no ksim, no JAX)."""
-    blocks = re.findall(r"```python\n(.*?)```", (ROOT / "docs" / "real-robot.md").read_text(), re.DOTALL)
-    (snippet,) = [block for block in blocks if "onnxruntime as ort" in block]
-    return snippet
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +73,7 @@ def test_policy_json_names_inputs_and_actions(exported: tuple) -> None:
 
 def test_readme_snippet_runs_an_exported_policy(exported: tuple) -> None:
     task, contents, onnx_path = exported
-    snippet = readme_snippet()
+    snippet = onnxruntime_snippet("real-robot.md")
     assert len(snippet.splitlines()) <= 10
     env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
     result = subprocess.run(

@@ -7,7 +7,6 @@ the rollout's), the critic's and the actor's inputs, and one update on 1, 2 and 
 
 import json
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import DistributedMemoryTask, MemoryTask, distributed_memory_config, memory_config
+from helpers import DistributedMemoryTask, MemoryTask, distributed_memory_config, memory_config, onnxruntime_snippet
 from test_distributed import relative_error
 
 from ksim.checkpoint import save_checkpoint
@@ -212,13 +211,6 @@ def test_checkpoints_refuse_another_memory_or_critic_layout(
             MemoryTask(memory_config(**loaded, allow_checkpoint_mismatch=True)).load_contents(path)
 
 
-def docs_snippet() -> str:
-    """docs/policies.md's onnxruntime loop (the python block that imports onnxruntime)."""
-    blocks = re.findall(r"```python\n(.*?)```", (ROOT / "docs" / "policies.md").read_text(), re.DOTALL)
-    (snippet,) = [block for block in blocks if "onnxruntime as ort" in block]
-    return snippet
-
-
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory: pytest.TempPathFactory) -> tuple[MemoryTask, SharedState, Path]:
     """A recurrent, history-keeping policy (random weights, non-trivial normaliser) exported with mode=export."""
@@ -271,7 +263,7 @@ def test_docs_snippet_runs_the_exported_policy_step_by_step_as_ksim_does(exporte
     task, shared, onnx_path = exported
     env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
     result = subprocess.run(
-        [sys.executable, "-I", "-c", docs_snippet()],  # -I: no ksim on the path, as on a robot
+        [sys.executable, "-I", "-c", onnxruntime_snippet("policies.md")],  # -I: no ksim on the path, as on a robot
         cwd=onnx_path.parent,
         env=env,
         capture_output=True,
