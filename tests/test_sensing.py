@@ -22,7 +22,7 @@ from ksim.config import ConfigError
 from ksim.engine import PhysicsEngine, StepContext, load_mujoco_model
 from ksim.physics import create_engine
 
-PHYSICS_IMPLS = ["jax"]
+PHYSICS_IMPLS = ["jax", "mujoco"]
 FEET = ("FL", "FR", "HL", "HR")
 CTRL_DT, DT = 0.02, 0.004
 # The joints that lift the front-right foot ~0.17 m off the floor from the home pose (hip pitch, knee bent).

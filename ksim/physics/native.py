@@ -173,6 +173,34 @@ class _Pool:
                 self._free.append(sims)
 
 
+class _ScratchPool:
+    """Models and data for the contacts' callers, one per concurrent caller (pmap's device shards), kept between
+    calls. Not `threading.local`: XLA runs a callback on a pool thread under a Python thread state that lives for
+    that call only, and clearing it would free (and crash in) a thread-local model and data after every call."""
+
+    def __init__(self, mj_model: mujoco.MjModel) -> None:
+        self._mj_model = mj_model
+        self._free: list[tuple[mujoco.MjModel, mujoco.MjData, set[str]]] = []
+        self._lock = threading.Lock()
+
+    @contextmanager
+    def take(self, names: tuple[str, ...]) -> Iterator[tuple[mujoco.MjModel, mujoco.MjData]]:
+        """A model whose randomized fields other than `names` hold the engine's model's values, and its data."""
+        with self._lock:
+            entry = self._free.pop() if self._free else None
+        if entry is None:
+            model = copy.copy(self._mj_model)
+            entry = (model, mujoco.MjData(model), set())
+        model, mj_data, written = entry
+        for name in written - set(names):  # randomized by an earlier call, not by this one
+            getattr(model, name)[...] = getattr(self._mj_model, name)
+        try:
+            yield model, mj_data
+        finally:
+            with self._lock:
+                self._free.append((model, mj_data, set(names)))
+
+
 def _flat(array: np.ndarray, lead: tuple[int, ...], n: int) -> np.ndarray:
     return np.asarray(array).reshape((n, *array.shape[len(lead) :]))
 
@@ -184,9 +212,6 @@ class NativeEngine(PhysicsEngine):
     contact_rows: int = DEFAULT_CONTACT_ROWS
     nthread: int = 1
     physics_impl = "mujoco"
-    # `contacts` equals mj_contactForce when called on its own, but a training step whose components read it
-    # crashed inside XLA (segfault) on 1 and 2 devices; until that is understood, components cannot read it.
-    no_contacts = "physics_impl='mujoco' does not give components yet (its contact callback crashed a training step)"
 
     @property
     def field_defaults(self) -> ModelDefaults:
@@ -312,32 +337,34 @@ class NativeEngine(PhysicsEngine):
         return Contacts(*table)
 
     @functools.cached_property
-    def _scratch(self) -> threading.local:
-        return threading.local()
+    def _scratch_pool(self) -> _ScratchPool:
+        return _ScratchPool(self.mj_model)
 
     def _contacts_host(self, names: tuple[str, ...], *arrays: np.ndarray) -> tuple[np.ndarray, ...]:
-        """Each env's contacts: `mj_forward` of its state in this thread's own model and data."""
+        """Each env's contacts: `mj_forward` of its state in a model and data of the engine's own."""
         lead = arrays[0].shape[:-1]
         n = math.prod(lead)
         state = [_flat(a, lead, n) for a in arrays[: len(STATE)]]
         by_name = {name: _flat(a, lead, n) for name, a in zip(names, arrays[len(STATE) :], strict=True)}
         by_name = with_subtree_mass(self.mj_model, by_name)
-        names, fields = tuple(by_name), list(by_name.values())
-        scratch = self._scratch
-        if not hasattr(scratch, "model"):
-            scratch.model = copy.copy(self.mj_model)
-            scratch.data = mujoco.MjData(scratch.model)
-            scratch.written = set()
-        model, mj_data = scratch.model, scratch.data
-        for name in scratch.written - set(names):  # randomized by an earlier call, not by this one
-            getattr(model, name)[...] = getattr(self.mj_model, name)
-        scratch.written = set(names)
+        with self._scratch_pool.take(tuple(by_name)) as (model, mj_data):
+            return self._contact_table(model, mj_data, state, list(by_name.items()), lead)
+
+    def _contact_table(
+        self,
+        model: mujoco.MjModel,
+        mj_data: mujoco.MjData,
+        state: list[np.ndarray],
+        fields: list[tuple[str, np.ndarray]],
+        lead: tuple[int, ...],
+    ) -> tuple[np.ndarray, ...]:
+        n = math.prod(lead)
         by_state = dict(zip(STATE, state, strict=True))
         # Every env's state as one float64 row in the order of `mj_setState`'s spec (its elements by bit).
         rows = np.concatenate([by_state[name].reshape(n, -1) for name in STATE_SPEC_ORDER], axis=1, dtype=np.float64)
         found = _ContactLists()
         for env in range(n):
-            for name, values in zip(names, fields, strict=True):
+            for name, values in fields:
                 getattr(model, name)[...] = values[env]
             mujoco.mj_setState(model, mj_data, rows[env], STATE_SPEC)
             mujoco.mj_forward(model, mj_data)
