@@ -4,12 +4,14 @@ contact sensors), with its visual meshes replaced by primitives.
 
 The policy reads only what the robot has: the IMU's gyro and velocimeter sensors (by name, with noise), the
 gravity direction in the IMU frame, joint positions around the home keyframe and joint velocities (noisy),
-foot contacts, its last action, the command and a gait clock. It sets the servos' targets around the home
-pose. Rewards: tracking the command's planar velocity and yaw rate, the feet (their sites, at the sole) following
-a trot clock, air time at touchdown, and penalties on slipping feet in contact, thighs touching the ground,
-vertical and roll/pitch base motion, tilt, joint limits, mechanical power, action changes, deviation from the
-home pose, not standing still under a zero command, and a termination. An episode ends when the trunk touches
-the ground or tilts over 0.8 rad, or after 10 s.
+foot contacts, its last action, the command and a gait clock. The critic reads the same without noise and
+what only the simulator knows: the base's true velocities and height, each foot's position, velocity and
+contact force. The policy sets the servos' targets around the home pose. Rewards: tracking the command's
+planar velocity and yaw rate, the feet (their sites, at the sole) following a trot clock, air time at
+touchdown, and penalties on slipping feet in contact, thighs touching the ground, vertical and roll/pitch base
+motion, tilt, joint limits, mechanical power, action changes, deviation from the home pose, not standing still
+under a zero command, and a termination. An episode ends when the trunk touches the ground or tilts over
+0.8 rad, or after 10 s.
 
     python -m examples.spot
     python -m examples.spot mode=eval load_from_ckpt_path=RUN/checkpoints/ckpt_latest.bin video_path=spot.gif
@@ -66,6 +68,17 @@ class SpotTask(DistributedPPOTask[SpotConfig]):
             obs.Command(),
             obs.GaitPhase(period_s=self.config.gait_period_s),
         ]
+
+    def get_critic_observations(self) -> Sequence[obs.Observation]:
+        privileged = [
+            obs.BaseLinearVelocity(),
+            obs.BaseAngularVelocity(),
+            obs.BaseHeight(),
+            obs.FeetContactForce(feet=FEET),
+            *(obs.BodyPosition(body=foot) for foot in FEET),
+            *(obs.BodyLinearVelocity(body=foot) for foot in FEET),
+        ]
+        return [*self.get_observations(), *privileged]  # the critic's inputs are never noised
 
     def get_rewards(self) -> Sequence[rew.Reward]:
         period = self.config.gait_period_s

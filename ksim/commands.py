@@ -9,7 +9,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Self
 
 import jax
 import jax.numpy as jnp
@@ -44,9 +44,10 @@ class Command(ABC):
     def name(self) -> str:
         return type(self).__name__
 
-    def check(self, layout: ModelLayout) -> None:
-        """Raises ConfigError on empty ranges."""
+    def bind(self, layout: ModelLayout) -> Self:
+        """This command, checked against the model; ConfigError on empty ranges."""
         require_interval(self.name, "resample_s", self.resample_s, positive=True)
+        return self
 
     @abstractmethod
     def sample(self, rng: Array) -> Array:
@@ -65,13 +66,13 @@ class VelocityCommand(Command):
     resample_s: tuple[float, float] = (4.0, 8.0)
     size: ClassVar[int] = 3
 
-    def check(self, layout: ModelLayout) -> None:
-        super().check(layout)
+    def bind(self, layout: ModelLayout) -> Self:
         for setting in ("forward", "lateral", "yaw_rate"):
             require_interval(self.name, setting, getattr(self, setting))
         if not 0.0 <= self.zero_probability <= 1.0:
             raise ConfigError(f"{self.name}.zero_probability={self.zero_probability} must be in [0, 1]")
         layout.require_moving_base(self.name)
+        return super().bind(layout)
 
     def sample(self, rng: Array) -> Array:
         value_key, zero_key = jax.random.split(rng)

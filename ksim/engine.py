@@ -631,11 +631,3 @@ def substeps_divide(ctrl_dt: float, dt: float) -> bool:
     """Whether `ctrl_dt` is a whole multiple of `dt` (within float tolerance)."""
     ratio = ctrl_dt / dt
     return ratio >= 1 and math.isclose(ratio, round(ratio), rel_tol=0, abs_tol=1e-6)
-
-
-def check_components(layout: ModelLayout, components: Sequence[Any]) -> None:
-    """Lets each component refuse a model it cannot apply to (before anything compiles)."""
-    for component in components:
-        check = getattr(component, "check", None)
-        if check is not None:
-            check(layout)

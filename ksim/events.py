@@ -9,11 +9,14 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Self
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from mujoco import mjx
 
+from ksim.binding import resolved, with_resolved
 from ksim.commands import require_interval, steps_in
 from ksim.config import ConfigError
 from ksim.engine import ModelLayout
@@ -28,9 +31,10 @@ class Event(ABC):
     def name(self) -> str:
         return type(self).__name__
 
-    def check(self, layout: ModelLayout) -> None:
-        """Raises ConfigError if this event cannot apply to the model."""
+    def bind(self, layout: ModelLayout) -> Self:
+        """This event with its names resolved; ConfigError if it cannot apply to the model."""
         require_interval(self.name, "interval_s", self.interval_s, positive=True)
+        return self
 
     @abstractmethod
     def apply(self, data: mjx.Data, layout: ModelLayout, rng: Array) -> mjx.Data:
@@ -44,19 +48,19 @@ class Push(Event):
 
     max_velocity: tuple[float, float, float] = (0.5, 0.5, 0.0)
     interval_s: tuple[float, float] = (5.0, 10.0)
+    linear_dofs: np.ndarray = resolved()  # the free root's world linear velocity in qvel
 
-    def check(self, layout: ModelLayout) -> None:
-        super().check(layout)
+    def bind(self, layout: ModelLayout) -> Self:
+        bound = super().bind(layout)
         if min(self.max_velocity) < 0:
             raise ConfigError(f"{self.name}.max_velocity={self.max_velocity} must be >= 0 on every axis")
         layout.require_moving_base(self.name)
-        layout.free_root_qvel(self.name)
+        return with_resolved(bound, linear_dofs=layout.free_root_qvel(self.name)[:3])
 
     def apply(self, data: mjx.Data, layout: ModelLayout, rng: Array) -> mjx.Data:
         bound = jnp.asarray(self.max_velocity)
         kick = jax.random.uniform(rng, (3,), minval=-bound, maxval=bound)
-        linear = layout.free_root_qvel(self.name)[:3]
-        return data.replace(qvel=data.qvel.at[linear].add(kick))
+        return data.replace(qvel=data.qvel.at[self.linear_dofs].add(kick))
 
 
 def start_event_timers(events: Sequence[Event], rng: Array, ctrl_dt: float) -> Array:

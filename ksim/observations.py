@@ -2,7 +2,8 @@
 
 Joints are the robot joints unless named (`joints=("knee", ...)`, root joints may be named too): every joint
 but the root joints, which are free joints and the base body's unactuated joints (ksim.engine), so actuated
-joints are always observed; bodies are named. `check(layout)` refuses names the model lacks when the task is built.
+joints are always observed; bodies are named. `bind(layout)` refuses names the model lacks when the task is built
+and resolves them once (ksim.binding).
 
 Every observation takes `noise=` (keyword only): the scale of the noise added to it during training
 rollouts, Gaussian (standard deviation) or uniform (half-width, `noise_type="uniform"`).
@@ -12,14 +13,15 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import ClassVar, Self
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ksim.binding import resolved, with_resolved
 from ksim.config import ConfigError
-from ksim.engine import ModelLayout, StepContext, rotate
+from ksim.engine import ModelLayout, Point, StepContext, rotate
 from ksim.terrain import Terrain
 
 Array = jax.Array
@@ -40,8 +42,9 @@ class Observation(ABC):
     def name(self) -> str:
         return type(self).__name__
 
-    def check(self, layout: ModelLayout) -> None:
-        """Raises ConfigError if this observation cannot apply to the model."""
+    def bind(self, layout: ModelLayout) -> Self:
+        """This observation with its names resolved; ConfigError if it cannot apply to the model."""
+        return self
 
     @abstractmethod
     def observe(self, ctx: StepContext) -> Array: ...
@@ -62,22 +65,24 @@ class JointPosition(Observation):
 
     offset: tuple[float, ...] | str | None = None
     joints: tuple[str, ...] | None = None
+    joint_ids: tuple[int, ...] = resolved()
+    origin: np.ndarray = resolved()  # what is subtracted: the offset, the default pose, or zeros
 
-    def check(self, layout: ModelLayout) -> None:
+    def bind(self, layout: ModelLayout) -> Self:
         joints = layout.joints(self.joints, f"{self.name}.joints")
+        size = len(layout.qpos_indices(joints))
         if isinstance(self.offset, str) and self.offset != DEFAULT_POSE:
             raise ConfigError(f"{self.name}.offset={self.offset!r}: give values or {DEFAULT_POSE!r}")
-        if isinstance(self.offset, tuple) and len(self.offset) != len(layout.qpos_indices(joints)):
-            raise ConfigError(
-                f"{self.name}.offset has {len(self.offset)} values; its joints have {len(layout.qpos_indices(joints))}"
-            )
+        if isinstance(self.offset, tuple) and len(self.offset) != size:
+            raise ConfigError(f"{self.name}.offset has {len(self.offset)} values; its joints have {size}")
+        if self.offset == DEFAULT_POSE:
+            origin = layout.default_pos_of(joints)
+        else:
+            origin = np.zeros(size, np.float32) if self.offset is None else np.asarray(self.offset, np.float32)
+        return with_resolved(self, joint_ids=joints, origin=origin)
 
     def observe(self, ctx: StepContext) -> Array:
-        joints = ctx.layout.joints(self.joints)
-        position = ctx.joint_pos_of(joints)
-        if self.offset == DEFAULT_POSE:
-            return position - jnp.asarray(ctx.layout.default_pos_of(joints))
-        return position if self.offset is None else position - jnp.asarray(self.offset)
+        return ctx.joint_pos_of(self.joint_ids) - jnp.asarray(self.origin)
 
 
 @dataclass(frozen=True)
@@ -87,18 +92,20 @@ class JointVelocity(Observation):
     scale: float = 0.1
     joints: tuple[str, ...] | None = None
     clip: float | None = None
+    joint_ids: tuple[int, ...] = resolved()
 
-    def check(self, layout: ModelLayout) -> None:
-        layout.joints(self.joints, f"{self.name}.joints")
+    def bind(self, layout: ModelLayout) -> Self:
+        return with_resolved(self, joint_ids=layout.joints(self.joints, f"{self.name}.joints"))
 
     def observe(self, ctx: StepContext) -> Array:
-        return _clip(ctx.joint_vel_of(ctx.layout.joints(self.joints)) * self.scale, self.clip)
+        return _clip(ctx.joint_vel_of(self.joint_ids) * self.scale, self.clip)
 
 
 @dataclass(frozen=True)
 class _BaseObservation(Observation):
-    def check(self, layout: ModelLayout) -> None:
+    def bind(self, layout: ModelLayout) -> Self:
         layout.require_moving_base(self.name)
+        return self
 
 
 @dataclass(frozen=True)
@@ -152,12 +159,13 @@ class BodyPosition(Observation):
     """World position of a named site, geom or body (looked up in that order) relative to the base's (3 values)."""
 
     body: str
+    point: Point = resolved()
 
-    def check(self, layout: ModelLayout) -> None:
-        layout.point(self.body, f"{self.name}.body")
+    def bind(self, layout: ModelLayout) -> Self:
+        return with_resolved(self, point=layout.point(self.body, f"{self.name}.body"))
 
     def observe(self, ctx: StepContext) -> Array:
-        return ctx.point_pos(ctx.layout.point(self.body, self.name)) - ctx.base_pos
+        return ctx.point_pos(self.point) - ctx.base_pos
 
 
 @dataclass(frozen=True)
@@ -167,13 +175,13 @@ class BodyLinearVelocity(Observation):
     body: str
     scale: float = 1.0
     clip: float | None = None
+    point: Point = resolved()
 
-    def check(self, layout: ModelLayout) -> None:
-        layout.point(self.body, f"{self.name}.body")
+    def bind(self, layout: ModelLayout) -> Self:
+        return with_resolved(self, point=layout.point(self.body, f"{self.name}.body"))
 
     def observe(self, ctx: StepContext) -> Array:
-        velocity = ctx.point_lin_vel_world(ctx.layout.point(self.body, self.name))
-        return _clip(velocity * self.scale, self.clip)
+        return _clip(ctx.point_lin_vel_world(self.point) * self.scale, self.clip)
 
 
 @dataclass(frozen=True)
@@ -182,16 +190,18 @@ class Sensor(Observation):
 
     sensor: str
     scale: float = 1.0
+    span: tuple[int, int] = resolved()  # (first index in sensordata, dimension)
 
     @property
     def name(self) -> str:
         return f"Sensor[{self.sensor}]"  # policy.json tells the robot which reading feeds this input
 
-    def check(self, layout: ModelLayout) -> None:
-        layout.sensor(self.sensor, "Sensor.sensor")
+    def bind(self, layout: ModelLayout) -> Self:
+        return with_resolved(self, span=layout.sensor(self.sensor, "Sensor.sensor"))
 
     def observe(self, ctx: StepContext) -> Array:
-        return ctx.sensor(self.sensor) * self.scale
+        start, dim = self.span
+        return ctx.data.sensordata[start : start + dim] * self.scale
 
 
 @dataclass(frozen=True)
@@ -203,12 +213,13 @@ class FeetContact(Observation):
 
     feet: tuple[str, ...] = ()
 
-    def check(self, layout: ModelLayout) -> None:
-        feet_geoms(layout, self.feet, f"{self.name}.feet")
+    foot_geoms: tuple[tuple[int, ...], ...] = resolved()
+
+    def bind(self, layout: ModelLayout) -> Self:
+        return with_resolved(self, foot_geoms=feet_geoms(layout, self.feet, f"{self.name}.feet"))
 
     def observe(self, ctx: StepContext) -> Array:
-        feet = feet_geoms(ctx.layout, self.feet, self.name)
-        return jnp.stack([ctx.in_contact(geoms) for geoms in feet]).astype(jnp.float32)
+        return jnp.stack([ctx.in_contact(geoms) for geoms in self.foot_geoms]).astype(jnp.float32)
 
 
 @dataclass(frozen=True)
@@ -217,13 +228,13 @@ class FeetContactForce(Observation):
 
     feet: tuple[str, ...] = ()
     scale: float = 0.01
+    foot_geoms: tuple[tuple[int, ...], ...] = resolved()
 
-    def check(self, layout: ModelLayout) -> None:
-        feet_geoms(layout, self.feet, f"{self.name}.feet")
+    def bind(self, layout: ModelLayout) -> Self:
+        return with_resolved(self, foot_geoms=feet_geoms(layout, self.feet, f"{self.name}.feet"))
 
     def observe(self, ctx: StepContext) -> Array:
-        feet = feet_geoms(ctx.layout, self.feet, self.name)
-        return jnp.stack([ctx.contact_force(geoms) for geoms in feet]) * self.scale
+        return jnp.stack([ctx.contact_force(geoms) for geoms in self.foot_geoms]) * self.scale
 
 
 def feet_geoms(layout: ModelLayout, feet: tuple[str, ...], setting: str) -> tuple[tuple[int, ...], ...]:
@@ -261,12 +272,12 @@ class HeightScan(_BaseObservation):
     spacing: float = 0.1
     clip: float = 1.0
 
-    def check(self, layout: ModelLayout) -> None:
-        super().check(layout)
+    def bind(self, layout: ModelLayout) -> Self:
         if self.spacing <= 0 or min(self.size) < 0 or self.clip <= 0:
             raise ConfigError(
                 f"{self.name}: spacing={self.spacing} and clip={self.clip} must be positive, size={self.size} >= 0"
             )
+        return super().bind(layout)
 
     @property
     def points(self) -> np.ndarray:
@@ -318,9 +329,10 @@ class GaitPhase(Observation):
 
     period_s: float = 0.5
 
-    def check(self, layout: ModelLayout) -> None:
+    def bind(self, layout: ModelLayout) -> Self:
         if self.period_s <= 0:
             raise ConfigError(f"{self.name}.period_s={self.period_s} must be positive")
+        return self
 
     def observe(self, ctx: StepContext) -> Array:
         angle = 2 * jnp.pi * ctx.data.time / self.period_s

@@ -11,7 +11,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, Self
 
 import jax
 import numpy as np
@@ -19,6 +19,7 @@ from flax import struct
 from mujoco import mjx
 
 from ksim.actuators import Actuators, PositionActuators, PositionServoActuators
+from ksim.binding import resolved, with_resolved
 from ksim.config import ConfigError
 from ksim.engine import ModelLayout, body_index
 
@@ -54,9 +55,10 @@ class Randomization(ABC):
     def name(self) -> str:
         return type(self).__name__
 
-    def check(self, layout: ModelLayout) -> None:
-        """Raises ConfigError on a bad range or names the model lacks."""
+    def bind(self, layout: ModelLayout) -> Self:
+        """This randomization with its names resolved; ConfigError on a bad range or names the model lacks."""
         require_range(self.name, self.field, self.low, self.high, self.multiplies)
+        return self
 
     def draw(self, rng: Array, shape: tuple[int, ...]) -> Array:
         return jax.random.uniform(rng, shape, minval=self.low, maxval=self.high)
@@ -90,15 +92,15 @@ class GeomFriction(Randomization):
 
     geoms: tuple[str, ...] | None = None
     field: ClassVar[str] = "geom_friction"
+    geom_ids: np.ndarray = resolved()
 
-    def check(self, layout: ModelLayout) -> None:
-        super().check(layout)
-        _geom_ids(layout, self.geoms, f"{self.name}.geoms")
+    def bind(self, layout: ModelLayout) -> Self:
+        bound = super().bind(layout)
+        return with_resolved(bound, geom_ids=_geom_ids(layout, self.geoms, f"{self.name}.geoms"))
 
     def apply(self, randomized: Randomized, model: mjx.Model, layout: ModelLayout, rng: Array) -> Randomized:
-        index = _geom_ids(layout, self.geoms, self.name)
         friction = _current(randomized, model, self.field)
-        return _with_fields(randomized, geom_friction=friction.at[index, 0].multiply(self.draw(rng, ())))
+        return _with_fields(randomized, geom_friction=friction.at[self.geom_ids, 0].multiply(self.draw(rng, ())))
 
 
 @dataclass(frozen=True)
@@ -114,17 +116,19 @@ class BodyMass(Randomization):
 
     bodies: tuple[str, ...] | None = None
     field: ClassVar[str] = "body_mass"
+    body_ids: np.ndarray = resolved()
 
-    def check(self, layout: ModelLayout) -> None:
-        super().check(layout)
-        for body in self.bodies or ():
-            body_index(layout.body_names, body, f"{self.name}.bodies")
-
-    def apply(self, randomized: Randomized, model: mjx.Model, layout: ModelLayout, rng: Array) -> Randomized:
+    def bind(self, layout: ModelLayout) -> Self:
+        bound = super().bind(layout)
         if self.bodies is None:
             index = np.arange(1, len(layout.body_names), dtype=np.int32)
         else:
-            index = np.asarray([layout.body_names.index(b) for b in self.bodies], dtype=np.int32)
+            setting = f"{self.name}.bodies"
+            index = np.asarray([body_index(layout.body_names, b, setting) for b in self.bodies], dtype=np.int32)
+        return with_resolved(bound, body_ids=index)
+
+    def apply(self, randomized: Randomized, model: mjx.Model, layout: ModelLayout, rng: Array) -> Randomized:
+        index = self.body_ids
         scale = self.draw(rng, (len(index),))
         mass = _current(randomized, model, "body_mass").at[index].multiply(scale)
         inertia = _current(randomized, model, "body_inertia").at[index].multiply(scale[:, None])
@@ -150,16 +154,16 @@ class CenterOfMassOffset(Randomization):
     body: str | None = None
     field: ClassVar[str] = "body_ipos"
     multiplies: ClassVar[bool] = False
+    body_id: int = resolved()
 
-    def check(self, layout: ModelLayout) -> None:
-        super().check(layout)
-        if self.body is not None:
-            body_index(layout.body_names, self.body, f"{self.name}.body")
+    def bind(self, layout: ModelLayout) -> Self:
+        bound = super().bind(layout)
+        body = layout.base_body if self.body is None else body_index(layout.body_names, self.body, f"{self.name}.body")
+        return with_resolved(bound, body_id=body)
 
     def apply(self, randomized: Randomized, model: mjx.Model, layout: ModelLayout, rng: Array) -> Randomized:
-        body = layout.base_body if self.body is None else layout.body_names.index(self.body)
         ipos = _current(randomized, model, self.field)
-        return _with_fields(randomized, body_ipos=ipos.at[body].add(self.draw(rng, (3,))))
+        return _with_fields(randomized, body_ipos=ipos.at[self.body_id].add(self.draw(rng, (3,))))
 
 
 @dataclass(frozen=True)
@@ -167,13 +171,14 @@ class _DofScale(Randomization):
     """Scales a per-dof field of the named joints (the robot joints for None), each dof independently."""
 
     joints: tuple[str, ...] | None = None
+    dof_ids: np.ndarray = resolved()
 
-    def check(self, layout: ModelLayout) -> None:
-        super().check(layout)
-        layout.joints(self.joints, f"{self.name}.joints")
+    def bind(self, layout: ModelLayout) -> Self:
+        bound = super().bind(layout)
+        return with_resolved(bound, dof_ids=layout.qvel_indices(layout.joints(self.joints, f"{self.name}.joints")))
 
     def apply(self, randomized: Randomized, model: mjx.Model, layout: ModelLayout, rng: Array) -> Randomized:
-        index = layout.qvel_indices(layout.joints(self.joints))
+        index = self.dof_ids
         values = _current(randomized, model, self.field)
         return _with_fields(randomized, **{self.field: values.at[index].multiply(self.draw(rng, (len(index),)))})
 

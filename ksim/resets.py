@@ -8,17 +8,21 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from typing import Self
 
 import jax
+import numpy as np
 
+from ksim.binding import resolved, with_resolved
 from ksim.engine import ModelLayout
 
 Array = jax.Array
 
 
 class Reset(ABC):
-    def check(self, layout: ModelLayout) -> None:
-        """Raises ConfigError if this reset cannot apply to the model."""
+    def bind(self, layout: ModelLayout) -> Self:
+        """This reset with its names resolved; ConfigError if it cannot apply to the model."""
+        return self
 
     @abstractmethod
     def apply(self, qpos: Array, qvel: Array, layout: ModelLayout, rng: Array) -> tuple[Array, Array]:
@@ -29,9 +33,12 @@ class Reset(ABC):
 class _JointNoise(Reset):
     scale: float
     joints: tuple[str, ...] | None = None
+    qpos_index: np.ndarray = resolved()
+    qvel_index: np.ndarray = resolved()
 
-    def check(self, layout: ModelLayout) -> None:
-        layout.joints(self.joints, f"{type(self).__name__}.joints")
+    def bind(self, layout: ModelLayout) -> Self:
+        joints = layout.joints(self.joints, f"{type(self).__name__}.joints")
+        return with_resolved(self, qpos_index=layout.qpos_indices(joints), qvel_index=layout.qvel_indices(joints))
 
     def noise(self, rng: Array, size: int) -> Array:
         return jax.random.uniform(rng, (size,), minval=-self.scale, maxval=self.scale)
@@ -42,8 +49,7 @@ class RandomJointPositions(_JointNoise):
     """Adds uniform noise in [-scale, scale] to the joints' positions (the robot joints unless named)."""
 
     def apply(self, qpos: Array, qvel: Array, layout: ModelLayout, rng: Array) -> tuple[Array, Array]:
-        index = layout.qpos_indices(layout.joints(self.joints))
-        return qpos.at[index].add(self.noise(rng, len(index))), qvel
+        return qpos.at[self.qpos_index].add(self.noise(rng, len(self.qpos_index))), qvel
 
 
 @dataclass(frozen=True)
@@ -51,5 +57,4 @@ class RandomJointVelocities(_JointNoise):
     """Adds uniform noise in [-scale, scale] to the joints' velocities (the robot joints unless named)."""
 
     def apply(self, qpos: Array, qvel: Array, layout: ModelLayout, rng: Array) -> tuple[Array, Array]:
-        index = layout.qvel_indices(layout.joints(self.joints))
-        return qpos, qvel.at[index].add(self.noise(rng, len(index)))
+        return qpos, qvel.at[self.qvel_index].add(self.noise(rng, len(self.qvel_index)))

@@ -7,11 +7,13 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, Self
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
+from ksim.binding import resolved, with_resolved
 from ksim.config import ConfigError
 from ksim.engine import ModelLayout, Point, StepContext, rotate
 from ksim.observations import DEFAULT_POSE, feet_geoms
@@ -29,8 +31,9 @@ class Reward(ABC):
     def name(self) -> str:
         return type(self).__name__
 
-    def check(self, layout: ModelLayout) -> None:
-        """Raises ConfigError if this reward cannot apply to the model."""
+    def bind(self, layout: ModelLayout) -> Self:
+        """This reward with its names resolved; ConfigError if it cannot apply to the model."""
+        return self
 
     @abstractmethod
     def value(self, ctx: StepContext) -> Array:
@@ -42,8 +45,9 @@ class Reward(ABC):
 
 @dataclass(frozen=True)
 class _BaseReward(Reward):
-    def check(self, layout: ModelLayout) -> None:
+    def bind(self, layout: ModelLayout) -> Self:
         layout.require_moving_base(self.name)
+        return self
 
 
 @dataclass(frozen=True)
@@ -106,12 +110,13 @@ class JointPositionPenalty(Reward):
     """Squared position of one named joint (e.g. keep a cart centred)."""
 
     joint: str = ""
+    joint_ids: tuple[int, ...] = resolved()
 
-    def check(self, layout: ModelLayout) -> None:
-        layout.joints((self.joint,), f"{self.name}.joint")
+    def bind(self, layout: ModelLayout) -> Self:
+        return with_resolved(self, joint_ids=layout.joints((self.joint,), f"{self.name}.joint"))
 
     def value(self, ctx: StepContext) -> Array:
-        return jnp.sum(jnp.square(ctx.joint_pos_of(ctx.layout.joints((self.joint,)))))
+        return jnp.sum(jnp.square(ctx.joint_pos_of(self.joint_ids)))
 
 
 def heading_velocity(ctx: StepContext) -> Array:
@@ -127,10 +132,10 @@ def heading_velocity(ctx: StepContext) -> Array:
 class _TrackingReward(_BaseReward):
     sigma: float = 0.25
 
-    def check(self, layout: ModelLayout) -> None:
+    def bind(self, layout: ModelLayout) -> Self:
         if self.sigma <= 0:
             raise ConfigError(f"{self.name}: sigma={self.sigma} must be positive")
-        super().check(layout)
+        return super().bind(layout)
 
 
 @dataclass(frozen=True)
@@ -168,19 +173,21 @@ class JointPoseDeviation(Reward):
     model's default pose (its first keyframe, or qpos0)."""
 
     pose: tuple[float, ...] | str = ()
+    target: np.ndarray = resolved()
 
-    def check(self, layout: ModelLayout) -> None:
+    def bind(self, layout: ModelLayout) -> Self:
         if isinstance(self.pose, str):
             if self.pose != DEFAULT_POSE:
                 raise ConfigError(f"{self.name}.pose={self.pose!r}: give values or {DEFAULT_POSE!r}")
-        elif len(self.pose) != len(layout.robot_joints):
+            return with_resolved(self, target=layout.default_joint_pos)
+        if len(self.pose) != len(layout.robot_joints):
             raise ConfigError(
                 f"{self.name}.pose has {len(self.pose)} values; the model has {len(layout.robot_joints)} robot joints"
             )
+        return with_resolved(self, target=np.asarray(self.pose, np.float32))
 
     def value(self, ctx: StepContext) -> Array:
-        pose = ctx.layout.default_joint_pos if self.pose == DEFAULT_POSE else self.pose
-        return jnp.sum(jnp.square(ctx.joint_pos - jnp.asarray(pose)))
+        return jnp.sum(jnp.square(ctx.joint_pos - jnp.asarray(self.target)))
 
 
 @dataclass(frozen=True)
@@ -195,17 +202,19 @@ class FeetSlip(Reward):
     feet: tuple[str, ...] = ()
     contact_height: float | None = None
     terrain: Terrain | None = None  # with contact_height: heights above its surface (above z = 0 without one)
+    points: tuple[Point, ...] = resolved()
+    foot_geoms: tuple[tuple[int, ...], ...] = resolved()  # () with contact_height
 
-    def check(self, layout: ModelLayout) -> None:
-        feet_points(layout, self.feet, f"{self.name}.feet")
-        if self.contact_height is None:
-            feet_geoms(layout, self.feet, f"{self.name}.feet")
+    def bind(self, layout: ModelLayout) -> Self:
+        setting = f"{self.name}.feet"
+        geoms = feet_geoms(layout, self.feet, setting) if self.contact_height is None else ()
+        return with_resolved(self, points=feet_points(layout, self.feet, setting), foot_geoms=geoms)
 
     def value(self, ctx: StepContext) -> Array:
         total = jnp.zeros(())
-        for index, point in enumerate(feet_points(ctx.layout, self.feet, self.name)):
+        for index, point in enumerate(self.points):
             if self.contact_height is None:
-                touching = ctx.in_contact(feet_geoms(ctx.layout, self.feet, self.name)[index])
+                touching = ctx.in_contact(self.foot_geoms[index])
             else:
                 touching = height_above_ground(self.terrain, ctx.point_pos(point)) < self.contact_height
             total += jnp.where(touching, jnp.sum(jnp.square(ctx.point_lin_vel_world(point)[:2])), 0.0)
@@ -229,18 +238,20 @@ class FootSwingTracking(Reward):
     ground_height: float = 0.02
     sigma: float = 0.05
     terrain: Terrain | None = None  # heights above its surface (above z = 0 without one)
+    points: tuple[Point, ...] = resolved()
 
-    def check(self, layout: ModelLayout) -> None:
-        feet_points(layout, self.feet, f"{self.name}.feet")
+    def bind(self, layout: ModelLayout) -> Self:
+        points = feet_points(layout, self.feet, f"{self.name}.feet")
         if len(self.offsets) != len(self.feet):
             raise ConfigError(f"{self.name}.offsets has {len(self.offsets)} values; feet has {len(self.feet)}")
         if self.period_s <= 0 or self.sigma <= 0:
             raise ConfigError(f"{self.name}: period_s={self.period_s} and sigma={self.sigma} must be positive")
+        return with_resolved(self, points=points)
 
     def value(self, ctx: StepContext) -> Array:
         phase = 2 * jnp.pi * (ctx.data.time / self.period_s + jnp.asarray(self.offsets))
         target = self.ground_height + self.swing_height * jnp.maximum(jnp.sin(phase), 0.0)
-        positions = jnp.stack([ctx.point_pos(point) for point in feet_points(ctx.layout, self.feet, self.name)])
+        positions = jnp.stack([ctx.point_pos(point) for point in self.points])
         heights = height_above_ground(self.terrain, positions)
         return jnp.exp(-jnp.sum(jnp.square(heights - target)) / self.sigma**2)
 
@@ -257,19 +268,20 @@ class FeetAirTime(Reward, Stateful):
     feet: tuple[str, ...] = ()
     threshold_s: float = 0.1
     min_command: float = 0.0
+    foot_geoms: tuple[tuple[int, ...], ...] = resolved()
 
     @property
     def command_size(self) -> int | None:
         return 2 if self.min_command > 0 else None  # reads the command only to gate on it
 
-    def check(self, layout: ModelLayout) -> None:
-        feet_geoms(layout, self.feet, f"{self.name}.feet")
+    def bind(self, layout: ModelLayout) -> Self:
+        return with_resolved(self, foot_geoms=feet_geoms(layout, self.feet, f"{self.name}.feet"))
 
     def initial_state(self, layout: ModelLayout) -> dict[str, Array]:
         return {"air_time": jnp.zeros(len(self.feet)), "contact": jnp.ones(len(self.feet), bool)}
 
     def _contact(self, ctx: StepContext) -> Array:
-        return jnp.stack([ctx.in_contact(geoms) for geoms in feet_geoms(ctx.layout, self.feet, self.name)])
+        return jnp.stack([ctx.in_contact(geoms) for geoms in self.foot_geoms])
 
     def value(self, ctx: StepContext) -> Array:
         contact = self._contact(ctx)
@@ -319,24 +331,23 @@ class JointLimitPenalty(Reward):
 
     margin: float = 0.1
     joints: tuple[str, ...] | None = None
+    joint_ids: tuple[int, ...] = resolved()
+    ranges: np.ndarray = resolved()  # (joints, 2): each joint's (low, high)
 
-    def _limits(self, layout: ModelLayout) -> tuple[tuple[int, ...], tuple[tuple[float, float], ...]]:
+    def bind(self, layout: ModelLayout) -> Self:
+        if not 0 <= self.margin < 0.5:
+            raise ConfigError(f"{self.name}.margin={self.margin} must be in [0, 0.5)")
         joints = layout.joints(self.joints, f"{self.name}.joints")
         unlimited = [layout.joint_names[j] for j in joints if layout.joint_range[j] is None]
         if unlimited or any(len(layout.joint_qpos[j]) != 1 for j in joints):
             raise ConfigError(f"{self.name}.joints: {unlimited or 'ball joints'} have no range; name limited joints")
-        return joints, tuple(r for j in joints if (r := layout.joint_range[j]) is not None)
-
-    def check(self, layout: ModelLayout) -> None:
-        if not 0 <= self.margin < 0.5:
-            raise ConfigError(f"{self.name}.margin={self.margin} must be in [0, 0.5)")
-        self._limits(layout)
+        ranges = np.asarray([layout.joint_range[j] for j in joints], np.float32)
+        return with_resolved(self, joint_ids=joints, ranges=ranges)
 
     def value(self, ctx: StepContext) -> Array:
-        joints, ranges = self._limits(ctx.layout)
-        low, high = (jnp.asarray(bound) for bound in zip(*ranges, strict=True))
+        low, high = jnp.asarray(self.ranges[:, 0]), jnp.asarray(self.ranges[:, 1])
         band = self.margin * (high - low)
-        position = ctx.joint_pos_of(joints)
+        position = ctx.joint_pos_of(self.joint_ids)
         return jnp.sum(jnp.maximum(low + band - position, 0.0) + jnp.maximum(position - (high - band), 0.0))
 
 
@@ -357,9 +368,13 @@ class StandStill(Reward):
 
     threshold: float = 0.1
     command_size: ClassVar[int] = 1
+    default_pos: np.ndarray = resolved()
+
+    def bind(self, layout: ModelLayout) -> Self:
+        return with_resolved(self, default_pos=layout.default_joint_pos)
 
     def value(self, ctx: StepContext) -> Array:
-        deviation = jnp.sum(jnp.abs(ctx.joint_pos - jnp.asarray(ctx.layout.default_joint_pos)))
+        deviation = jnp.sum(jnp.abs(ctx.joint_pos - jnp.asarray(self.default_pos)))
         return jnp.where(jnp.linalg.norm(ctx.command) < self.threshold, deviation, 0.0)
 
 
@@ -371,15 +386,16 @@ class MechanicalPower(Reward):
     the model's actuators must each drive one joint without activation dynamics.
     """
 
-    def check(self, layout: ModelLayout) -> None:
+    def bind(self, layout: ModelLayout) -> Self:
         if layout.actuators is None:
             raise ConfigError(
                 f"{self.name}: the model has actuators that do not drive one joint each with a fixed or affine gain"
             )
+        return self
 
     def value(self, ctx: StepContext) -> Array:
         table = ctx.layout.actuators
-        assert table is not None  # check() refused such models
+        assert table is not None  # bind() refused such models
         q, qdot = ctx.data.qpos[jnp.asarray(table.qpos)], ctx.data.qvel[jnp.asarray(table.qvel)]
         bias = jnp.asarray(table.bias)
         force = jnp.asarray(table.gain) * ctx.ctrl + bias[:, 0] + bias[:, 1] * q + bias[:, 2] * qdot
@@ -396,13 +412,14 @@ class FeetClearance(Reward):
 
     feet: tuple[str, ...] = ()
     height: float = 0.1
+    points: tuple[Point, ...] = resolved()
 
-    def check(self, layout: ModelLayout) -> None:
-        feet_points(layout, self.feet, f"{self.name}.feet")
+    def bind(self, layout: ModelLayout) -> Self:
+        return with_resolved(self, points=feet_points(layout, self.feet, f"{self.name}.feet"))
 
     def value(self, ctx: StepContext) -> Array:
         total = jnp.zeros(())
-        for point in feet_points(ctx.layout, self.feet, self.name):
+        for point in self.points:
             speed = jnp.linalg.norm(ctx.point_lin_vel_world(point)[:2])
             total += jnp.square(ctx.point_pos(point)[2] - self.height) * speed
         return total
@@ -416,17 +433,21 @@ class FeetSwingHeight(Reward, Stateful):
 
     feet: tuple[str, ...] = ()
     height: float = 0.1
+    points: tuple[Point, ...] = resolved()
+    foot_geoms: tuple[tuple[int, ...], ...] = resolved()
 
-    def check(self, layout: ModelLayout) -> None:
-        feet_points(layout, self.feet, f"{self.name}.feet")
-        feet_geoms(layout, self.feet, f"{self.name}.feet")
+    def bind(self, layout: ModelLayout) -> Self:
+        setting = f"{self.name}.feet"
+        return with_resolved(
+            self, points=feet_points(layout, self.feet, setting), foot_geoms=feet_geoms(layout, self.feet, setting)
+        )
 
     def initial_state(self, layout: ModelLayout) -> dict[str, Array]:
         return {"peak": jnp.zeros(len(self.feet)), "contact": jnp.ones(len(self.feet), bool)}
 
     def _measure(self, ctx: StepContext) -> tuple[Array, Array]:
-        heights = jnp.stack([ctx.point_pos(p)[2] for p in feet_points(ctx.layout, self.feet, self.name)])
-        contact = jnp.stack([ctx.in_contact(g) for g in feet_geoms(ctx.layout, self.feet, self.name)])
+        heights = jnp.stack([ctx.point_pos(p)[2] for p in self.points])
+        contact = jnp.stack([ctx.in_contact(g) for g in self.foot_geoms])
         return heights, contact
 
     def value(self, ctx: StepContext) -> Array:
@@ -445,10 +466,10 @@ class UndesiredContacts(Reward):
     """How many of the named geoms or bodies (e.g. thighs, trunk) touch anything outside the robot."""
 
     bodies: tuple[str, ...] = ()
+    part_geoms: tuple[tuple[int, ...], ...] = resolved()
 
-    def check(self, layout: ModelLayout) -> None:
-        feet_geoms(layout, self.bodies, f"{self.name}.bodies")
+    def bind(self, layout: ModelLayout) -> Self:
+        return with_resolved(self, part_geoms=feet_geoms(layout, self.bodies, f"{self.name}.bodies"))
 
     def value(self, ctx: StepContext) -> Array:
-        parts = feet_geoms(ctx.layout, self.bodies, self.name)
-        return jnp.sum(jnp.stack([ctx.in_contact(geoms) for geoms in parts]).astype(jnp.float32))
+        return jnp.sum(jnp.stack([ctx.in_contact(geoms) for geoms in self.part_geoms]).astype(jnp.float32))

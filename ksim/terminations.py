@@ -5,10 +5,12 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from typing import Self
 
 import jax
 import jax.numpy as jnp
 
+from ksim.binding import resolved, with_resolved
 from ksim.config import ConfigError
 from ksim.engine import ModelLayout, StepContext
 from ksim.observations import feet_geoms
@@ -22,8 +24,9 @@ class Termination(ABC):
     def name(self) -> str:
         return type(self).__name__
 
-    def check(self, layout: ModelLayout) -> None:
-        """Raises ConfigError if this termination cannot apply to the model."""
+    def bind(self, layout: ModelLayout) -> Self:
+        """This termination with its names resolved; ConfigError if it cannot apply to the model."""
+        return self
 
     @abstractmethod
     def terminated(self, ctx: StepContext) -> Array:
@@ -32,8 +35,9 @@ class Termination(ABC):
 
 @dataclass(frozen=True)
 class _BaseTermination(Termination):
-    def check(self, layout: ModelLayout) -> None:
+    def bind(self, layout: ModelLayout) -> Self:
         layout.require_moving_base(self.name)
+        return self
 
 
 @dataclass(frozen=True)
@@ -65,12 +69,12 @@ class HealthyRange(_BaseTermination):
     max_height: float = math.inf
     max_pitch: float = math.inf
 
-    def check(self, layout: ModelLayout) -> None:
+    def bind(self, layout: ModelLayout) -> Self:
         if self.min_height >= self.max_height:
             raise ConfigError(f"{self.name}: min_height={self.min_height} must be below max_height={self.max_height}")
         if self.max_pitch <= 0:
             raise ConfigError(f"{self.name}: max_pitch={self.max_pitch} must be positive")
-        super().check(layout)
+        return super().bind(layout)
 
     def terminated(self, ctx: StepContext) -> Array:
         height = ctx.base_pos[2]
@@ -84,12 +88,13 @@ class JointOutOfRange(Termination):
 
     joint: str
     limit: float
+    joint_ids: tuple[int, ...] = resolved()
 
-    def check(self, layout: ModelLayout) -> None:
-        layout.joints((self.joint,), f"{self.name}.joint")
+    def bind(self, layout: ModelLayout) -> Self:
+        return with_resolved(self, joint_ids=layout.joints((self.joint,), f"{self.name}.joint"))
 
     def terminated(self, ctx: StepContext) -> Array:
-        return jnp.any(jnp.abs(ctx.joint_pos_of(ctx.layout.joints((self.joint,)))) > self.limit)
+        return jnp.any(jnp.abs(ctx.joint_pos_of(self.joint_ids)) > self.limit)
 
 
 @dataclass(frozen=True)
@@ -97,13 +102,14 @@ class IllegalContact(Termination):
     """One of the named geoms or bodies (e.g. the trunk, the thighs) touches anything outside the robot."""
 
     bodies: tuple[str, ...]
+    geoms: tuple[int, ...] = resolved()  # every named part's colliding geoms
 
-    def check(self, layout: ModelLayout) -> None:
-        feet_geoms(layout, self.bodies, f"{self.name}.bodies")
+    def bind(self, layout: ModelLayout) -> Self:
+        parts = feet_geoms(layout, self.bodies, f"{self.name}.bodies")
+        return with_resolved(self, geoms=tuple(g for part in parts for g in part))
 
     def terminated(self, ctx: StepContext) -> Array:
-        geoms = tuple(g for part in feet_geoms(ctx.layout, self.bodies, self.name) for g in part)
-        return ctx.in_contact(geoms)
+        return ctx.in_contact(self.geoms)
 
 
 def physics_diverged(ctx: StepContext) -> Array:

@@ -43,12 +43,10 @@ class StepReport:
 
 def push_of(environment: Environment, max_velocity: tuple[float, float, float]) -> Push | None:
     """A push of the base, or None where the base has no free joint to push."""
-    push = Push(max_velocity=max_velocity)
     try:
-        push.check(environment.engine.layout)
+        return Push(max_velocity=max_velocity).bind(environment.engine.layout)
     except ConfigError:
         return None
-    return push
 
 
 class ViewerSim:

@@ -110,9 +110,11 @@ def test_joints_are_the_non_root_ones_and_named_ones_can_be_any(kind: str) -> No
     hip, knee = (mj_model.joint(name) for name in ("hip", "knee"))
     np.testing.assert_allclose(ctx.joint_pos, reference.qpos[[hip.qposadr[0], knee.qposadr[0]]], atol=1e-6)
     np.testing.assert_allclose(ctx.joint_vel, reference.qvel[[hip.dofadr[0], knee.dofadr[0]]], atol=1e-6)
-    np.testing.assert_allclose(obs.JointPosition(joints=("knee",)).observe(ctx), [reference.qpos[knee.qposadr[0]]])
+    np.testing.assert_allclose(
+        obs.JointPosition(joints=("knee",)).bind(ctx.layout).observe(ctx), [reference.qpos[knee.qposadr[0]]]
+    )
     if kind == "planar":
-        named = obs.JointVelocity(scale=1.0, joints=("rootz", "knee")).observe(ctx)
+        named = obs.JointVelocity(scale=1.0, joints=("rootz", "knee")).bind(ctx.layout).observe(ctx)
         np.testing.assert_allclose(named, reference.qvel[[1, knee.dofadr[0]]], atol=1e-6)
 
 
@@ -234,7 +236,7 @@ def test_healthy_range_bounds_height_and_pitch(kind: str) -> None:
 
 def test_velocity_observations_clip() -> None:
     ctx, _, _ = contexts("free")
-    clipped = obs.JointVelocity(scale=100.0, clip=0.5).observe(ctx)
+    clipped = obs.JointVelocity(scale=100.0, clip=0.5).bind(ctx.layout).observe(ctx)
     assert float(jnp.max(jnp.abs(clipped))) == pytest.approx(0.5)
     assert float(jnp.max(jnp.abs(obs.BaseLinearVelocity(scale=100.0, clip=1.0).observe(ctx)))) <= 1.0
 
@@ -264,7 +266,7 @@ def test_control_cost_is_on_the_applied_control() -> None:
 def test_components_refuse_models_they_cannot_apply_to(component: object, message: str) -> None:
     layout = ModelLayout.create(model(ROOTS["fixed"]))
     with pytest.raises(ConfigError, match=message):
-        component.check(layout)  # type: ignore[attr-defined]
+        component.bind(layout)  # type: ignore[attr-defined]
 
 
 def test_base_body_by_name_and_bad_names() -> None:

@@ -96,16 +96,16 @@ def test_default_joint_observations_have_the_robot_joints_sizes(name: str) -> No
     contacts = Contacts(*mjx_contract.contact_table(mj_model, data))
     ctx = StepContext(data, data, no_action, no_action, data.ctrl, jnp.zeros(0), contacts, layout, 0.02)
     robot = layout.robot_joints
-    assert obs.JointPosition().observe(ctx).shape == (sum(len(layout.joint_qpos[j]) for j in robot),)
-    assert obs.JointVelocity().observe(ctx).shape == (sum(len(layout.joint_qvel[j]) for j in robot),)
+    assert obs.JointPosition().bind(ctx.layout).observe(ctx).shape == (sum(len(layout.joint_qpos[j]) for j in robot),)
+    assert obs.JointVelocity().bind(ctx.layout).observe(ctx).shape == (sum(len(layout.joint_qvel[j]) for j in robot),)
     for observation in (obs.JointPosition(), obs.JointVelocity()):
-        observation.check(layout)  # no refusal: every model here has robot joints
+        observation.bind(layout)  # no refusal: every model here has robot joints
 
 
 def test_a_model_without_robot_joints_is_refused_by_joint_components_naming_its_joints() -> None:
     layout = ModelLayout.create(load("inverted_pendulum.xml"), root_joints=("slider", "hinge"))
     with pytest.raises(ConfigError, match=r"^JointPosition.joints: the model has no robot joints \(its joints: "):
-        obs.JointPosition().check(layout)
+        obs.JointPosition().bind(layout)
 
 
 def test_root_joints_and_base_body_can_be_set() -> None:

@@ -57,20 +57,24 @@ def test_gait_components_at_the_home_pose() -> None:
     np.testing.assert_allclose(obs.GaitPhase(period_s=0.5).observe(ctx), [0.0, 1.0], atol=1e-6)  # t = 0
     quarter = ctx.replace(data=data.replace(time=jnp.asarray(0.125)))
     np.testing.assert_allclose(obs.GaitPhase(period_s=0.5).observe(quarter), [1.0, 0.0], atol=1e-6)
-    assert float(rew.JointPoseDeviation(scale=1.0, pose=tuple(home[7:])).value(ctx)) == pytest.approx(0.0, abs=1e-10)
-    assert float(rew.FeetSlip(scale=1.0, feet=FEET, contact_height=0.03).value(ctx)) == pytest.approx(
+    assert float(rew.JointPoseDeviation(scale=1.0, pose=tuple(home[7:])).bind(ctx.layout).value(ctx)) == pytest.approx(
+        0.0, abs=1e-10
+    )
+    assert float(rew.FeetSlip(scale=1.0, feet=FEET, contact_height=0.03).bind(ctx.layout).value(ctx)) == pytest.approx(
         4 * 0.5**2, rel=1e-4
     )
-    swing = rew.FootSwingTracking(scale=1.0, feet=FEET, offsets=(0.0, 0.5, 0.5, 0.0), ground_height=0.022)
+    swing = rew.FootSwingTracking(scale=1.0, feet=FEET, offsets=(0.0, 0.5, 0.5, 0.0), ground_height=0.022).bind(
+        ctx.layout
+    )
     assert float(swing.value(ctx)) > 0.99  # t = 0: every foot's target is the ground, where the feet are
     # A quarter cycle on, FR and RL (offset 0) should be 8 cm above the ground height; FL and RR on it.
     feet = np.asarray([data.xpos[engine.layout.body_names.index(foot), 2] for foot in FEET])
     miss = feet - (0.022 + np.array([0.08, 0.0, 0.0, 0.08]))
     assert float(swing.value(quarter)) == pytest.approx(np.exp(-np.sum(miss**2) / 0.05**2), rel=1e-4)
     with pytest.raises(ConfigError, match="offsets has 2 values; feet has 4"):
-        rew.FootSwingTracking(scale=1.0, feet=FEET, offsets=(0.0, 0.5)).check(engine.layout)
+        rew.FootSwingTracking(scale=1.0, feet=FEET, offsets=(0.0, 0.5)).bind(engine.layout)
     with pytest.raises(ConfigError, match="pose has 3 values; the model has 12 robot joints"):
-        rew.JointPoseDeviation(scale=1.0, pose=(0.0, 0.0, 0.0)).check(engine.layout)
+        rew.JointPoseDeviation(scale=1.0, pose=(0.0, 0.0, 0.0)).bind(engine.layout)
 
 
 @pytest.mark.slow

@@ -7,6 +7,7 @@ Every physics test runs once per physics implementation the engine offers (`PHYS
 
 import dataclasses
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import jax
@@ -83,7 +84,9 @@ def test_every_sensor_reads_what_mujoco_computes(
         # The accelerometer includes the contact forces, which MJX's and MuJoCo's solvers find to ~1e-3.
         atol = 2e-2 if mj_model.sensor_type[sensor] == mujoco.mjtSensor.mjSENS_ACCELEROMETER else 1e-4
         np.testing.assert_allclose(ctx.sensor(name), want, atol=atol, rtol=1e-3, err_msg=name)
-        np.testing.assert_allclose(obs.Sensor(sensor=name).observe(ctx), want, atol=atol, rtol=1e-3, err_msg=name)
+        np.testing.assert_allclose(
+            obs.Sensor(sensor=name).bind(ctx.layout).observe(ctx), want, atol=atol, rtol=1e-3, err_msg=name
+        )
     found = [reference.sensordata[mj_model.sensor(f"{foot}_floor_found").adr[0]] for foot in FEET]
     assert found == [1.0, 0.0, 1.0, 1.0]  # the state has the contacts the feet tests rely on
 
@@ -104,7 +107,7 @@ def test_points_by_site_geom_and_body_move_with_their_frame(
     body = ctx.layout.point("fr_lleg", "test")
     assert (geom.kind, body.kind) == ("geom", "body")
     np.testing.assert_allclose(ctx.point_pos(geom), reference.geom("fl_thigh").xpos, atol=1e-5)
-    lleg_velocity = obs.BodyLinearVelocity(body="fr_lleg").observe(ctx)
+    lleg_velocity = obs.BodyLinearVelocity(body="fr_lleg").bind(ctx.layout).observe(ctx)
     np.testing.assert_allclose(lleg_velocity, ctx.body_lin_vel_world(body.index), atol=1e-6)
     # The foot site sits 0.3365 m below the lower leg's origin: FootSwingTracking sees the sole, not the knee.
     heights = [float(ctx.point_pos(ctx.layout.point(name, "test"))[2]) for name in ("FL", "fl_lleg")]
@@ -116,15 +119,21 @@ def test_foot_contact_and_force_come_from_the_simulator(
 ) -> None:
     qpos, qvel = _moving_pose(mj_model)
     ctx = _context(engine, make_data(qpos, qvel))
-    np.testing.assert_array_equal(obs.FeetContact(feet=FEET).observe(ctx), [1.0, 0.0, 1.0, 1.0])
-    np.testing.assert_array_equal(obs.FeetContact(feet=("fl_lleg", "fr_lleg")).observe(ctx), [1.0, 0.0])  # bodies
-    forces = np.asarray(obs.FeetContactForce(feet=FEET, scale=1.0).observe(ctx))
+    np.testing.assert_array_equal(obs.FeetContact(feet=FEET).bind(ctx.layout).observe(ctx), [1.0, 0.0, 1.0, 1.0])
+    np.testing.assert_array_equal(
+        obs.FeetContact(feet=("fl_lleg", "fr_lleg")).bind(ctx.layout).observe(ctx), [1.0, 0.0]
+    )  # bodies
+    forces = np.asarray(obs.FeetContactForce(feet=FEET, scale=1.0).bind(ctx.layout).observe(ctx))
     assert forces[1] == 0.0 and np.all(forces[[0, 2, 3]] > 0)
-    assert float(rew.UndesiredContacts(scale=-1.0, bodies=("trunk", "fl_thigh")).value(ctx)) == 0.0
-    assert not bool(term.IllegalContact(bodies=("trunk",)).terminated(ctx))
+    assert float(rew.UndesiredContacts(scale=-1.0, bodies=("trunk", "fl_thigh")).bind(ctx.layout).value(ctx)) == 0.0
+    assert not bool(term.IllegalContact(bodies=("trunk",)).bind(ctx.layout).terminated(ctx))
     lying = qpos.copy()
     lying[2] = 0.08  # the trunk box (half-height 0.085) is on the floor
-    assert bool(term.IllegalContact(bodies=("trunk",)).terminated(_context(engine, make_data(lying, 0 * qvel))))
+    assert bool(
+        term.IllegalContact(bodies=("trunk",))
+        .bind(engine.layout)
+        .terminated(_context(engine, make_data(lying, 0 * qvel)))
+    )
 
 
 @pytest.fixture(scope="module")
@@ -144,6 +153,7 @@ def dropped(mj_model: mujoco.MjModel, engine: PhysicsEngine, make_data: Callable
 
 def _run_air_time(reward: rew.FeetAirTime, contexts: list[StepContext]) -> tuple[np.ndarray, list[Any]]:
     """The reward at every step and the state after it, as the env carries it from a fresh episode."""
+    reward = reward.bind(contexts[0].layout)
     state, values, states = reward.initial_state(contexts[0].layout), [], []
     for ctx in contexts:
         values.append(float(reward.value(ctx.replace(state=state))))
@@ -153,7 +163,7 @@ def _run_air_time(reward: rew.FeetAirTime, contexts: list[StepContext]) -> tuple
 
 
 def test_a_dropped_robot_touches_down_with_every_foot_and_earns_its_air_time(dropped: list[StepContext]) -> None:
-    contact = np.asarray([obs.FeetContact(feet=FEET).observe(ctx) for ctx in dropped])
+    contact = np.asarray([obs.FeetContact(feet=FEET).bind(ctx.layout).observe(ctx) for ctx in dropped])
     assert not contact[0].any() and contact[-1].all()  # falls free, then stands
     first = [int(np.argmax(contact[:, foot])) for foot in range(len(FEET))]
     reward = rew.FeetAirTime(scale=1.0, feet=FEET, threshold_s=0.1)
@@ -179,14 +189,16 @@ def test_a_scripted_step_pays_the_lifted_foot_only(
     lifted[3:7] = standing[3:7]
     zero = np.zeros(mj_model.nv)
     stand_ctx, lift_ctx = (_context(engine, make_data(q, zero)) for q in (standing, lifted))
-    np.testing.assert_array_equal(obs.FeetContact(feet=FEET).observe(stand_ctx), [1.0, 1.0, 1.0, 1.0])
+    np.testing.assert_array_equal(
+        obs.FeetContact(feet=FEET).bind(stand_ctx.layout).observe(stand_ctx), [1.0, 1.0, 1.0, 1.0]
+    )
     script = [stand_ctx] * 3 + [lift_ctx] * 12 + [stand_ctx] * 3
     values, states = _run_air_time(rew.FeetAirTime(scale=1.0, feet=FEET, threshold_s=0.1), script)
     touchdown = 15
     np.testing.assert_allclose(values[touchdown], 13 * CTRL_DT - 0.1, atol=1e-6)  # 12 steps up, the 13th lands
     assert np.count_nonzero(values) == 1
     np.testing.assert_allclose(states[touchdown - 1]["air_time"], [0.0, 12 * CTRL_DT, 0.0, 0.0], atol=1e-6)
-    swing = rew.FeetSwingHeight(scale=1.0, feet=FEET, height=0.2)
+    swing = rew.FeetSwingHeight(scale=1.0, feet=FEET, height=0.2).bind(lift_ctx.layout)
     peak = float(lift_ctx.point_pos(lift_ctx.layout.point("FR", "test"))[2])
     state = swing.initial_state(lift_ctx.layout)
     paid = []
@@ -221,17 +233,21 @@ def test_the_new_terms_measure_what_they_say(
     near_limit = qpos.copy()
     near_limit[FR_KN] = -0.256 - 0.027
     limit_ctx = _context(engine, make_data(near_limit, qvel))
-    penalty = float(rew.JointLimitPenalty(scale=-1.0, margin=0.05, joints=("fr_kn",)).value(limit_ctx))
+    penalty = float(
+        rew.JointLimitPenalty(scale=-1.0, margin=0.05, joints=("fr_kn",)).bind(limit_ctx.layout).value(limit_ctx)
+    )
     low, high = mj_model.jnt_range[mj_model.joint("fr_kn").id]
     assert penalty == pytest.approx(near_limit[FR_KN] - (high - 0.05 * (high - low)), rel=1e-4)
     # The default pose, by name: the home keyframe's joints.
     home = _context(engine, make_data(mj_model.key_qpos[0], 0 * qvel))
-    np.testing.assert_allclose(obs.JointPosition(offset="default").observe(home), 0.0, atol=1e-6)
-    assert float(rew.JointPoseDeviation(scale=-1.0, pose="default").value(home)) == pytest.approx(0.0, abs=1e-10)
-    assert float(rew.StandStill(scale=-1.0).value(ctx.replace(command=jnp.zeros(3)))) > 0.5
-    assert float(rew.StandStill(scale=-1.0).value(ctx.replace(command=jnp.ones(3)))) == 0.0
+    np.testing.assert_allclose(obs.JointPosition(offset="default").bind(home.layout).observe(home), 0.0, atol=1e-6)
+    assert float(rew.JointPoseDeviation(scale=-1.0, pose="default").bind(home.layout).value(home)) == pytest.approx(
+        0.0, abs=1e-10
+    )
+    assert float(rew.StandStill(scale=-1.0).bind(ctx.layout).value(ctx.replace(command=jnp.zeros(3)))) > 0.5
+    assert float(rew.StandStill(scale=-1.0).bind(ctx.layout).value(ctx.replace(command=jnp.ones(3)))) == 0.0
     assert float(rew.TerminationPenalty(scale=-1.0).value(ctx.replace(terminated=jnp.array(True)))) == 1.0
-    clearance = rew.FeetClearance(scale=-1.0, feet=("FR",), height=0.1).value(ctx)
+    clearance = rew.FeetClearance(scale=-1.0, feet=("FR",), height=0.1).bind(ctx.layout).value(ctx)
     fr = ctx.layout.point("FR", "test")
     speed = np.linalg.norm(np.asarray(ctx.point_lin_vel_world(fr))[:2])
     assert float(clearance) == pytest.approx((float(ctx.point_pos(fr)[2]) - 0.1) ** 2 * speed, rel=1e-4)
@@ -258,7 +274,7 @@ def test_bad_names_are_refused_when_the_task_is_built(mj_model: mujoco.MjModel, 
     from ksim.engine import ModelLayout
 
     with pytest.raises(ConfigError, match=message):
-        component.check(ModelLayout.create(mj_model))
+        component.bind(ModelLayout.create(mj_model))
 
 
 def test_inspect_lists_the_sites(mj_model: mujoco.MjModel) -> None:
@@ -276,3 +292,55 @@ def test_the_spot_example_names_its_sensor_inputs_for_policy_json() -> None:
     layout = dict(task.environment.observation_layout())
     assert layout["Sensor[gyro]"] == 3 and layout["Sensor[local_linvel]"] == 3 and layout["FeetContact"] == 4
     assert layout["JointPosition"] == 12
+
+
+def test_components_resolve_their_names_once_when_the_task_is_built(monkeypatch: pytest.MonkeyPatch) -> None:
+    """After the task is built, tracing an episode start and a step of every component searches no name."""
+    from examples.spot import DEFAULT_CONFIG, SpotTask
+
+    config = dataclasses.replace(
+        DEFAULT_CONFIG, num_envs=4, batch_size=4, compilation_cache_dir="", physics_impl="mujoco"
+    )
+    task = SpotTask(config)
+    assert task.observations[0].span == task.engine.layout.sensor("gyro", "test")  # type: ignore[attr-defined]
+
+    def searched(*_: Any) -> None:
+        raise AssertionError("a component searched a name list after the task was built")
+
+    for lookup in ("joints", "point", "sensor", "contact_geoms"):
+        monkeypatch.setattr(type(task.engine.layout), lookup, searched)
+    environment = task.environment
+    shared = jax.eval_shape(task.init_shared, jax.random.PRNGKey(0))
+    episode = jax.eval_shape(
+        lambda rng: environment.start_episode(rng, policy_state=task.initial_policy_state()), jax.random.PRNGKey(0)
+    )
+    _, transition = jax.eval_shape(environment.step_env, shared, episode)
+    assert set(transition.reward_terms) == set(task.reward_names)
+
+
+def test_a_component_used_unbound_says_so(mj_model: mujoco.MjModel, engine: PhysicsEngine, make_data: Callable) -> None:
+    ctx = _context(engine, make_data(*_moving_pose(mj_model)))
+    with pytest.raises(ConfigError, match=r"before bind\(layout\)"):
+        obs.JointVelocity(joints=("fr_kn",)).observe(ctx)
+
+
+def test_the_documented_custom_component_binds_and_observes(
+    mj_model: mujoco.MjModel, engine: PhysicsEngine, make_data: Callable
+) -> None:
+    """docs/tasks.md's example component, run as written."""
+    text = (Path(__file__).resolve().parents[1] / "docs" / "tasks.md").read_text()
+    snippet = text.split("```python\n", 1)[1].split("```", 1)[0]
+    names: dict[str, Any] = {}
+    preamble = (
+        "from dataclasses import dataclass\nfrom typing import Self\nimport jax\nfrom ksim import observations as obs\n"
+        "from ksim.binding import resolved, with_resolved\nfrom ksim.engine import ModelLayout, Point, StepContext\n"
+    )
+    exec(preamble + snippet, names)
+    qpos, qvel = _moving_pose(mj_model)
+    ctx = _context(engine, make_data(qpos, qvel))
+    knee = names["KneeHeight"](knee="fr_lleg").bind(ctx.layout)
+    np.testing.assert_allclose(
+        knee.observe(ctx), [_mujoco_forward(mj_model, qpos, qvel).body("fr_lleg").xpos[2]], atol=1e-5
+    )
+    with pytest.raises(ConfigError, match=r"KneeHeight\.knee: no site, geom or body named 'knee'"):
+        names["KneeHeight"]().bind(ctx.layout)

@@ -201,7 +201,7 @@ FREE = BallTask(ball_config(sim2real=False)).engine.layout
 )
 def test_bad_component_settings_name_the_component_and_the_rule(component: object, message: str) -> None:
     with pytest.raises(ConfigError) as error:
-        component.check(FREE)  # type: ignore[attr-defined]
+        component.bind(FREE)  # type: ignore[attr-defined]
     assert str(error.value).startswith(message)
 
 
@@ -209,10 +209,10 @@ def test_push_refuses_a_fixed_base_and_a_planar_root() -> None:
     with pytest.raises(
         ConfigError, match=r"^Push needs a moving base, but the base body 'ball' is welded to the world"
     ):
-        Push().check(ModelLayout.create(mujoco.MjModel.from_xml_string(BALL_XML.format(root="", actuator=BALL_MOTOR))))
+        Push().bind(ModelLayout.create(mujoco.MjModel.from_xml_string(BALL_XML.format(root="", actuator=BALL_MOTOR))))
     cartpole = ModelLayout.create(load_mujoco_model("cartpole.xml"))  # its root is a slider
     with pytest.raises(ConfigError, match=r"^Push needs a free root joint, but the base body 'cart'"):
-        Push().check(cartpole)
+        Push().bind(cartpole)
 
 
 class _CartpoleWithGains(CartpoleTask):

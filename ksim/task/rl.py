@@ -28,6 +28,7 @@ import optax
 from omegaconf import OmegaConf
 
 from ksim.actuators import Actuators
+from ksim.binding import bind_all
 from ksim.checkpoint import check_metadata, load_metadata
 from ksim.commands import Command, VelocityCommand, check_command_users
 from ksim.config import (
@@ -38,7 +39,7 @@ from ksim.config import (
     require_non_negative,
     require_positive,
 )
-from ksim.engine import PhysicsEngine, check_components, substeps_divide
+from ksim.engine import PhysicsEngine, substeps_divide
 from ksim.events import Event
 from ksim.normalization import Normalizer
 from ksim.observations import Observation, check_noise
@@ -100,22 +101,19 @@ class RLTask(ABC, Generic[ConfigT]):
         self.validate_config()
         self.terrain = self.build_terrain()
         self.engine = self.get_engine()
-        self.observations = tuple(self.get_observations())
-        self.rewards = tuple(self.get_rewards())
-        self.terminations = tuple(self.get_terminations())
-        self.resets = tuple(self.get_resets())
-        self.randomizations = tuple(self.get_randomizations())
-        self.command = self.get_command()
-        self.events = tuple(self.get_events())
+        # Every component resolves its names once, here; refusals come before anything compiles.
+        layout = self.engine.layout
+        self.observations = bind_all(layout, self.get_observations())
         critic_group = self.get_critic_observations()
-        self.critic_observations = None if critic_group is None else tuple(critic_group)
-        commands = () if self.command is None else (self.command,)
+        self.critic_observations = None if critic_group is None else bind_all(layout, critic_group)
+        self.rewards = bind_all(layout, self.get_rewards())
+        self.terminations = bind_all(layout, self.get_terminations())
+        self.resets = bind_all(layout, self.get_resets())
+        self.randomizations = bind_all(layout, self.get_randomizations())
+        command = self.get_command()
+        self.command = None if command is None else command.bind(layout)
+        self.events = bind_all(layout, self.get_events())
         observers = (*self.observations, *(self.critic_observations or ()))
-        check_components(
-            self.engine.layout,
-            (*observers, *self.rewards, *self.terminations, *self.resets, *self.randomizations, *commands),
-        )
-        check_components(self.engine.layout, self.events)
         check_command_users(self.command, (*observers, *self.rewards))
         check_noise(self.observations)
         self.actuators = self.get_actuators()

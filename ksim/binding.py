@@ -1,0 +1,63 @@
+"""Binding: a component resolves the names it was given (joints, sites, geoms, bodies, sensors) against the
+model once, when the task is built, and its methods then read the indices it stored.
+
+Every component has `bind(layout) -> component`: it refuses what cannot apply to the model with one
+ConfigError line and returns a copy holding what its names resolve to, in fields declared with `resolved()`
+(not settings: not in `__init__`, equality or repr). A task binds every component it is given; a component
+used without binding says so on its first use of a resolved field.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any, Protocol, TypeVar
+
+from ksim.config import ConfigError
+from ksim.engine import ModelLayout
+
+UNBOUND_MESSAGE = "a component read its resolved names before bind(layout) (a task binds its components when built)"
+
+
+class _Unbound:
+    """What a resolved field holds until `bind` fills it: any use of it raises one clear line."""
+
+    def __repr__(self) -> str:
+        return "<unbound>"
+
+    def _refuse(self, *_: Any, **__: Any) -> Any:
+        raise ConfigError(UNBOUND_MESSAGE)
+
+    __iter__ = __getitem__ = __len__ = __index__ = __array__ = __int__ = _refuse
+
+
+UNBOUND: Any = _Unbound()
+
+
+def resolved() -> Any:
+    """A component field that `bind` fills with what the component's names resolve to."""
+    return dataclasses.field(default=UNBOUND, init=False, repr=False, compare=False)
+
+
+C = TypeVar("C")
+
+
+def with_resolved(component: C, **values: Any) -> C:
+    """A copy of the (dataclass) `component` with its resolved fields set: what `bind` returns."""
+    copy = dataclasses.replace(component)  # type: ignore[type-var]
+    already = {f.name: getattr(component, f.name) for f in dataclasses.fields(component) if not f.init}  # type: ignore[arg-type]
+    for name, value in {**already, **values}.items():
+        object.__setattr__(copy, name, value)
+    return copy
+
+
+class Bindable(Protocol):
+    def bind(self, layout: ModelLayout) -> Any: ...
+
+
+B = TypeVar("B", bound=Bindable)
+
+
+def bind_all(layout: ModelLayout, components: Sequence[B]) -> tuple[B, ...]:
+    """Every component bound to the model (each refuses what cannot apply, before anything compiles)."""
+    return tuple(component.bind(layout) for component in components)
