@@ -86,13 +86,9 @@ class QuadrupedTask(DistributedPPOTask[QuadrupedConfig]):
         forward = (self.config.target_velocity, self.config.target_velocity)
         return VelocityCommand(forward=forward, lateral=(0.0, 0.0), yaw_rate=(0.0, 0.0), zero_probability=0.0)
 
-    @property
-    def home_pose(self) -> tuple[float, ...]:
-        return tuple(float(q) for q in self.engine.default_qpos[7:])  # after the free joint's 7 values
-
     def get_observations(self) -> Sequence[obs.Observation]:
         return [
-            obs.JointPosition(offset=self.home_pose),
+            obs.JointPosition(offset="default"),
             obs.JointVelocity(scale=0.05),
             obs.ProjectedGravity(),
             obs.BaseLinearVelocity(),
@@ -110,7 +106,7 @@ class QuadrupedTask(DistributedPPOTask[QuadrupedConfig]):
             ),
             rew.Upright(scale=0.5),
             rew.FeetSlip(scale=-0.1, feet=FEET, contact_height=0.03, terrain=self.terrain),
-            rew.JointPoseDeviation(scale=-0.1, pose=self.home_pose),
+            rew.JointPoseDeviation(scale=-0.1, pose="default"),
             rew.ControlCost(scale=-2e-4),
             rew.ActionRatePenalty(scale=-0.01),
         ]

@@ -93,14 +93,10 @@ class WalkingTask(PPOTask[WalkingConfig]):
                 ground_height=FOOT_GROUND_HEIGHT,
             ),
             rew.FeetSlip(scale=-0.1, feet=FEET, contact_height=FOOT_GROUND_HEIGHT + 0.01),
-            rew.JointPoseDeviation(scale=-0.05, pose=self.home_pose),
+            rew.JointPoseDeviation(scale=-0.05, pose="default"),
             rew.ActionRatePenalty(scale=-0.01),
             rew.ControlCost(scale=-1e-3),
         ]
-
-    @property
-    def home_pose(self) -> tuple[float, ...]:
-        return tuple(float(q) for q in self.engine.default_qpos[7:])  # after the free joint's 7 values
 
     def get_terminations(self) -> Sequence[term.Termination]:
         return [term.BaseTooLow(min_height=0.8), term.BaseTilted(max_angle=1.0)]
