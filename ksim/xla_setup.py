@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import os
+import platform
 import re
 
 
@@ -19,16 +20,36 @@ def jaxlib_version_tuple(jaxlib_version: str | None = None) -> tuple[int, ...]:
 
 
 def quiet_cached_program_loads(jaxlib_version: str | None = None) -> None:
-    """Sets TF_CPP_MIN_LOG_LEVEL=3 on jaxlib < 0.10 unless it is set; must run before JAX starts.
+    """Sets TF_CPP_MIN_LOG_LEVEL=2 (errors only) on jaxlib < 0.10 unless it is set; must run before JAX starts.
 
-    jaxlib 0.9's XLA:CPU logs a false "machine type ... doesn't match" ERROR, with the full CPU feature list,
-    for every program it loads from the persistent compilation cache on the machine that compiled it (it
-    counts the tuning attributes +prefer-no-gather/+prefer-no-scatter as missing CPU features), which buries
-    a warm start's output. Errors that matter still reach Python as exceptions.
+    jaxlib 0.9 logs a WARNING line ("Assume version compatibility. PjRt-IFRT does not track XLA executable
+    versions.") for every program it loads from the persistent compilation cache. Errors still show; the
+    false ERROR lines of such loads are removed at their source (`cap_cpu_isa_at_avx2`).
     """
     if jaxlib_version_tuple(jaxlib_version) >= (0, 10):
         return
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
+MAX_ISA_FLAG = "--xla_cpu_max_isa"
+X86_64 = ("x86_64", "amd64")
+
+
+def cap_cpu_isa_at_avx2(machine: str | None = None) -> None:
+    """Adds --xla_cpu_max_isa=AVX2 to XLA_FLAGS on x86-64 unless XLA_FLAGS names a max ISA; before JAX starts.
+
+    With AVX-512 on, XLA:CPU adds the LLVM tuning attributes +prefer-no-gather/+prefer-no-scatter to every
+    program's target and records them with the program. Loading it back from the persistent compilation
+    cache checks each recorded attribute against the host's CPU features, which never list tuning
+    attributes, and logs two ERROR lines per program (jax-ml/jax#38445, openxla/xla#44565), though the
+    program loads and runs. Capped at AVX2, no AVX-512 feature is on and the attributes are not added; MJX
+    steps as fast (docs/mjx.md, "Cached programs"). On CPUs without AVX-512 the cap turns no feature off.
+    """
+    if (machine or platform.machine()).lower() not in X86_64:
+        return
+    flags = os.environ.get("XLA_FLAGS", "")
+    if MAX_ISA_FLAG not in flags:
+        os.environ["XLA_FLAGS"] = f"{flags} {MAX_ISA_FLAG}=AVX2".strip()
 
 
 YNN_FUSION_FLAG = "--xla_cpu_experimental_ynn_fusion_type"

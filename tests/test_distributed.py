@@ -18,7 +18,7 @@ from ksim.distributed import (
 )
 from ksim.task.distributed_rl import ReplicaDivergenceError
 from ksim.task.rl import TrainState
-from ksim.xla_setup import keep_small_dots_off_ynnpack, quiet_cached_program_loads, version_tuple
+from ksim.xla_setup import cap_cpu_isa_at_avx2, keep_small_dots_off_ynnpack, quiet_cached_program_loads, version_tuple
 
 ONE_MINIBATCH = {"num_envs": 8, "batch_size": 8}
 
@@ -197,12 +197,23 @@ def test_ynnpack_fusions_are_turned_off_from_jaxlib_0_10_1(monkeypatch: pytest.M
     assert os.environ["XLA_FLAGS"] == "--xla_cpu_experimental_ynn_fusion_type=dot"
 
 
-def test_cached_program_load_errors_are_quieted_on_jaxlib_0_9_only(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_cached_program_load_warnings_are_quieted_on_jaxlib_0_9_only(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("TF_CPP_MIN_LOG_LEVEL", raising=False)
     quiet_cached_program_loads("0.10.2")
     assert "TF_CPP_MIN_LOG_LEVEL" not in os.environ
     quiet_cached_program_loads("0.9.2")
-    assert os.environ["TF_CPP_MIN_LOG_LEVEL"] == "3"
+    assert os.environ["TF_CPP_MIN_LOG_LEVEL"] == "2"  # warnings off, errors on
     monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "0")  # a user's own choice stays
     quiet_cached_program_loads("0.9.2")
     assert os.environ["TF_CPP_MIN_LOG_LEVEL"] == "0"
+
+
+def test_cpu_programs_are_capped_at_avx2_on_x86_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=2")
+    cap_cpu_isa_at_avx2("aarch64")
+    assert os.environ["XLA_FLAGS"] == "--xla_force_host_platform_device_count=2"
+    cap_cpu_isa_at_avx2("x86_64")
+    assert os.environ["XLA_FLAGS"].split() == ["--xla_force_host_platform_device_count=2", "--xla_cpu_max_isa=AVX2"]
+    monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_max_isa=AVX512")  # a user's own choice stays
+    cap_cpu_isa_at_avx2("AMD64")
+    assert os.environ["XLA_FLAGS"] == "--xla_cpu_max_isa=AVX512"

@@ -7,7 +7,16 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
-from helpers import MEMORY_EPISODE_STEPS, BallTask, MemoryTask, ball_config, cartpole_config, memory_config
+from helpers import (
+    MEMORY_EPISODE_STEPS,
+    BallTask,
+    DistributedBallTask,
+    MemoryTask,
+    ball_config,
+    cartpole_config,
+    distributed_ball_config,
+    memory_config,
+)
 
 from examples.cartpole import CartpoleTask
 from ksim.task.checkpointing import checkpoint_contents, save_run_checkpoint
@@ -78,4 +87,45 @@ def test_a_recurrent_history_policy_carries_its_memory_and_restarts_it_each_epis
     assert not np.any(np.asarray(restarted.carry))
     frames = np.asarray(restarted.past_frames)
     np.testing.assert_array_equal(frames, np.broadcast_to(frames[-1], frames.shape))
+    assert sim._step._cache_size() == 1
+
+
+def test_a_two_device_checkpoint_drives_the_viewer_with_the_trained_policy(tmp_path: Path) -> None:
+    """mode=view of a checkpoint written by a 2-device run: the viewer holds one (un-replicated) copy of the
+    trained state, and its deterministic action is the trained policy's on the observation it acted on."""
+    trained_task = DistributedBallTask(distributed_ball_config(num_devices=2, num_steps=1, run_dir=str(tmp_path)))
+    trained = trained_task.fetch_replicated(trained_task.run().shared)
+    ckpt = tmp_path / "checkpoints" / "ckpt_latest.bin"
+    task = DistributedBallTask(distributed_ball_config(num_devices=2, mode="view", load_from_ckpt_path=str(ckpt)))
+    sim = ViewerSim(task.environment, task.view_shared(), seed=0)
+    for viewed, wanted in zip(jax.tree.leaves(sim.shared), jax.tree.leaves(trained), strict=True):
+        assert viewed.shape == np.shape(wanted)  # no device axis left
+        np.testing.assert_array_equal(np.asarray(viewed), wanted)
+    initial = trained_task.view_shared()  # no checkpoint: the policy the run started from
+    for _ in range(3):
+        report = sim.step(deterministic=True)
+        (action,) = trained_task.deterministic_step(trained)(report.obs[None])
+        np.testing.assert_allclose(report.action, np.asarray(action)[0], rtol=1e-5, atol=1e-6)
+    (untrained,) = trained_task.deterministic_step(initial)(report.obs[None])
+    assert not np.allclose(report.action, np.asarray(untrained)[0], rtol=0, atol=1e-6)
+
+
+def test_the_native_engine_steps_the_viewer() -> None:
+    """physics_impl='mujoco' (C MuJoCo through host callbacks) behind the viewer: held commands, pushes, the
+    ball's contact-reading reward and the episode's end, compiled once."""
+    task = BallTask(ball_config(mode="view", episode_length_steps=6, physics_impl="mujoco"))
+    assert task.engine.physics_impl == "mujoco"
+    sim = ViewerSim(task.environment, jax.device_get(task.init_shared(jax.random.PRNGKey(0))), seed=0)
+    sim.held_command = np.asarray([0.5, 0.0, -0.2], np.float32)
+    start = sim.qpos
+    reports = [sim.step() for _ in range(5)]
+    np.testing.assert_allclose(reports[-1].obs[-3:], sim.held_command, atol=1e-6)
+    assert np.all(np.isfinite(reports[-1].qpos)) and not np.allclose(reports[-1].qpos, start)
+    assert {"FeetAirTime", "LinearVelocityTracking"} <= set(reports[-1].reward_terms)
+    linear = task.engine.layout.free_root_qvel("test")[:3]
+    before = np.asarray(sim.episode.data.qvel)[linear]
+    sim.push_base()
+    assert np.linalg.norm(np.asarray(sim.episode.data.qvel)[linear] - before) > 1e-3
+    assert sim.step().ended_by == "time limit"
+    assert int(sim.episode.episode_length) == 0
     assert sim._step._cache_size() == 1
