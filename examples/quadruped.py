@@ -52,7 +52,7 @@ class QuadrupedConfig(DistributedPPOConfig):
 ROUGH = TerrainGrid(
     tile_size=4.0,
     num_levels=6,
-    border=2.0,
+    border=10.0,  # more than a 10 s episode walks at 1 m/s: no env walks off the ground
     platform_size=1.0,
     max_roughness=0.05,
     max_slope=0.35,
