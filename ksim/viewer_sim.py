@@ -21,6 +21,7 @@ from ksim.reporting import unique_names
 from ksim.task.env import Environment
 from ksim.task.types import Episode
 from ksim.terminations import physics_diverged
+from ksim.terrain import TerrainCells
 
 Array = jax.Array
 HELD_COMMAND_STEPS = 2**30  # a command set from the viewer is never redrawn by the task's timer
@@ -52,14 +53,25 @@ def push_of(environment: Environment, max_velocity: tuple[float, float, float]) 
 class ViewerSim:
     """A single env of `environment` acting with `shared` (a host copy of the learner's state)."""
 
-    def __init__(self, environment: Environment, shared: Any, seed: int = 0) -> None:
+    def __init__(
+        self,
+        environment: Environment,
+        shared: Any,
+        seed: int = 0,
+        terrain_level: int = 0,
+        terrain_column: int | None = None,
+    ) -> None:
+        """With a terrain, every episode starts on a tile of `terrain_level`: of `terrain_column`, or of each
+        terrain type in turn."""
         self.environment = environment
+        self.terrain_level, self.terrain_column = terrain_level, terrain_column
         self.device = jax.local_devices()[0]
         self.shared = jax.device_put(shared, self.device)
         self.termination_names = [*unique_names([t.name for t in environment.components.terminations]), DIVERGED]
         self.push = push_of(environment, (1.0, 1.0, 0.0))
         self._key = jax.random.PRNGKey(seed)
         self._draws = 0
+        self._episodes = 0  # started so far: with a terrain and no column, each starts on the next type
         self.episode = self._started(self._next_key())
         self.held_command: np.ndarray | None = None
 
@@ -128,7 +140,19 @@ class ViewerSim:
     def _started(self, key: Array) -> Episode:
         # Committed to the device like the step's outputs, so that the step sees one input signature and
         # compiles once (an uncommitted episode would be a second cache entry: a second compile).
-        return jax.device_put(self._start(key), self.device)
+        cell = self._next_cell()
+        self._episodes += 1
+        return jax.device_put(self._start(key, cell), self.device)
+
+    def _next_cell(self) -> TerrainCells | None:
+        """The next episode's tile (None without a terrain, whose episodes start at the model's own pose)."""
+        terrain = self.environment.terrain
+        if terrain is None:
+            return None
+        column = self.terrain_column
+        if column is None:
+            column = self._episodes % len(terrain.grid.types)
+        return TerrainCells(level=jnp.int32(self.terrain_level), column=jnp.int32(column))
 
     def reset(self) -> None:
         """Starts a new episode (the next of this viewer's seed)."""

@@ -129,3 +129,23 @@ def test_the_native_engine_steps_the_viewer() -> None:
     assert sim.step().ended_by == "time limit"
     assert int(sim.episode.episode_length) == 0
     assert sim._step._cache_size() == 1
+
+
+def test_on_a_terrain_every_episode_starts_on_a_tile_of_the_chosen_level() -> None:
+    """Each new episode on the next terrain type's tile of the level (not at the field's centre, a seam)."""
+    from test_terrain import GRID, ball_on_terrain
+
+    task = ball_on_terrain(num_devices=1, physics_impl="mujoco", mode="view")
+    terrain, base = task.terrain, task.engine.layout.base_body
+    assert terrain is not None
+    sim = ViewerSim(task.environment, jax.device_get(task.init_shared(jax.random.PRNGKey(0))), terrain_level=2)
+    for column in range(len(GRID.types) + 1):
+        xy = np.asarray(sim.episode.data.xpos[base, :2])
+        expected = terrain.origins[2, column % len(GRID.types)]
+        np.testing.assert_allclose(xy, expected, atol=task.environment.spawn_jitter + 0.05)
+        sim.reset()
+    fixed = ViewerSim(task.environment, sim.shared, terrain_level=1, terrain_column=0)
+    fixed.reset()
+    np.testing.assert_allclose(
+        np.asarray(fixed.episode.data.xpos[base, :2]), terrain.origins[1, 0], atol=task.environment.spawn_jitter + 0.05
+    )

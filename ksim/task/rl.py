@@ -762,7 +762,8 @@ class RLTask(ABC, Generic[ConfigT]):
         from ksim.viewer import Viewer
         from ksim.viewer_sim import ViewerSim
 
-        sim = ViewerSim(self.environment, self.view_shared(), self.config.seed)
+        level, column = self.eval_terrain_level, self.eval_terrain_column
+        sim = ViewerSim(self.environment, self.view_shared(), self.config.seed, level, column)
         viewer = Viewer(sim, self.engine.mj_model, self.engine.layout.base_body, self.view_settings())
         viewer.step()
         return viewer
