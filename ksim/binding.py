@@ -22,8 +22,8 @@ UNBOUND_MESSAGE = "a component read its resolved names before bind(layout) (a ta
 class _Unbound:
     """What a resolved field holds until `bind` fills it: any use of it raises one clear line."""
 
-    def __repr__(self) -> str:
-        return "<unbound>"
+    def __repr__(self) -> str:  # what JAX's indexing error shows when it meets one
+        return f"<unbound: {UNBOUND_MESSAGE}>"
 
     def _refuse(self, *_: Any, **__: Any) -> Any:
         raise ConfigError(UNBOUND_MESSAGE)

@@ -16,6 +16,7 @@ import mujoco
 import numpy as np
 import pytest
 
+from ksim import mjx_contract
 from ksim import observations as obs
 from ksim import rewards as rew
 from ksim import terminations as term
@@ -23,7 +24,7 @@ from ksim.config import ConfigError
 from ksim.engine import PhysicsEngine, StepContext, load_mujoco_model
 from ksim.physics import create_engine
 
-PHYSICS_IMPLS = ["jax", "mujoco"]
+PHYSICS_IMPLS = ["jax", "mujoco", "warp"]  # warp: with warp-lang installed (`make test-warp`), else skipped
 FEET = ("FL", "FR", "HL", "HR")
 CTRL_DT, DT = 0.02, 0.004
 # The joints that lift the front-right foot ~0.17 m off the floor from the home pose (hip pitch, knee bent).
@@ -37,7 +38,17 @@ def mj_model() -> mujoco.MjModel:
 
 @pytest.fixture(scope="module", params=PHYSICS_IMPLS)
 def engine(request: pytest.FixtureRequest, mj_model: mujoco.MjModel) -> PhysicsEngine:
+    if request.param == "warp" and not mjx_contract.warp_installed():
+        pytest.skip("warp-lang is not installed (make test-warp installs it)")
     return create_engine(mj_model, CTRL_DT, DT, physics_impl=request.param)
+
+
+@pytest.fixture(scope="module")
+def contacts_engine(engine: PhysicsEngine) -> PhysicsEngine:
+    """The engine, for the tests of contacts: Warp gives components none (PhysicsEngine.no_contacts)."""
+    if engine.no_contacts:
+        pytest.skip(engine.no_contacts)
+    return engine
 
 
 def _context(engine: PhysicsEngine, data: Any, prev: Any = None, state: Any = None) -> StepContext:
@@ -115,8 +126,9 @@ def test_points_by_site_geom_and_body_move_with_their_frame(
 
 
 def test_foot_contact_and_force_come_from_the_simulator(
-    mj_model: mujoco.MjModel, engine: PhysicsEngine, make_data: Callable
+    mj_model: mujoco.MjModel, contacts_engine: PhysicsEngine, make_data: Callable
 ) -> None:
+    engine = contacts_engine
     qpos, qvel = _moving_pose(mj_model)
     ctx = _context(engine, make_data(qpos, qvel))
     np.testing.assert_array_equal(obs.FeetContact(feet=FEET).bind(ctx.layout).observe(ctx), [1.0, 0.0, 1.0, 1.0])
@@ -137,8 +149,9 @@ def test_foot_contact_and_force_come_from_the_simulator(
 
 
 @pytest.fixture(scope="module")
-def dropped(mj_model: mujoco.MjModel, engine: PhysicsEngine, make_data: Callable) -> list[StepContext]:
+def dropped(mj_model: mujoco.MjModel, contacts_engine: PhysicsEngine, make_data: Callable) -> list[StepContext]:
     """Spot held in its home pose by its servos, dropped from 0.15 m above standing height: 30 control steps."""
+    engine = contacts_engine
     qpos = mj_model.key_qpos[0].copy()
     qpos[2] += 0.15
     ctrl = jnp.asarray(mj_model.key_ctrl[0])
@@ -179,9 +192,10 @@ def test_a_dropped_robot_touches_down_with_every_foot_and_earns_its_air_time(dro
 
 
 def test_a_scripted_step_pays_the_lifted_foot_only(
-    mj_model: mujoco.MjModel, engine: PhysicsEngine, make_data: Callable
+    mj_model: mujoco.MjModel, contacts_engine: PhysicsEngine, make_data: Callable
 ) -> None:
     """Kinematic poses: standing, the front-right foot lifted for 12 control steps, standing again."""
+    engine = contacts_engine
     standing, _ = _moving_pose(mj_model)
     standing[3:7] = [1.0, 0.0, 0.0, 0.0]
     standing[FR_HY], standing[FR_KN] = mj_model.key_qpos[0][FR_HY], mj_model.key_qpos[0][FR_KN]

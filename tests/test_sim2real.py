@@ -123,7 +123,7 @@ def test_pd_gain_scales_reach_the_actuators(task: BallTask) -> None:
 
 def test_push_kicks_the_base_when_its_timer_runs_out(task: BallTask) -> None:
     layout, engine = task.engine.layout, task.engine
-    push = Push(max_velocity=(1.0, 1.0, 0.5), interval_s=(0.04, 0.1))
+    push = Push(max_velocity=(1.0, 1.0, 0.5), interval_s=(0.04, 0.1)).bind(layout)
     data = engine.make_data(jnp.asarray(engine.default_qpos, jnp.float32), jnp.zeros(engine.mj_model.nv))
     pushed, timers = run_events((push,), data, jnp.array([1]), layout, jax.random.PRNGKey(0), 0.02)
     kick = np.asarray(pushed.qvel[:3])
