@@ -26,7 +26,7 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import jax
 import jax.extend.core
@@ -149,56 +149,50 @@ class _Sims:
                 live[:n] = getattr(mj_model, name)
 
 
-class _Pool:
-    """Batches for concurrent callers (one per pmap device shard at a time), made on first need."""
-
-    def __init__(self, mj_model: mujoco.MjModel, nthread: int) -> None:
-        self._mj_model, self._nthread = mj_model, nthread
-        self._free: list[_Sims] = []
-        self._lock = threading.Lock()
-
-    @contextmanager
-    def take(self, n: int) -> Iterator[_Sims]:
-        with self._lock:
-            fitting = sorted((s for s in self._free if s.nsim >= n), key=lambda s: s.nsim)
-            sims = fitting[0] if fitting else None
-            if sims is not None:
-                self._free.remove(sims)
-        if sims is None:
-            sims = _Sims(self._mj_model, n, self._nthread)
-        try:
-            yield sims
-        finally:
-            with self._lock:
-                self._free.append(sims)
-
-
-class _ScratchPool:
-    """Models and data for the contacts' callers, one per concurrent caller (pmap's device shards), kept between
-    calls. Not `threading.local`: XLA runs a callback on a pool thread under a Python thread state that lives for
-    that call only, and clearing it would free (and crash in) a thread-local model and data after every call."""
+class _Scratch:
+    """A model and data of the engine's own for the contacts' callback, and the fields it randomized last."""
 
     def __init__(self, mj_model: mujoco.MjModel) -> None:
-        self._mj_model = mj_model
-        self._free: list[tuple[mujoco.MjModel, mujoco.MjData, set[str]]] = []
+        self.model = copy.copy(mj_model)
+        self.data = mujoco.MjData(self.model)
+        self.written: set[str] = set()
+
+    def restore_except(self, mj_model: mujoco.MjModel, names: tuple[str, ...]) -> None:
+        """The engine's model's values in the fields an earlier call randomized and this one does not."""
+        for name in self.written - set(names):
+            getattr(self.model, name)[...] = getattr(mj_model, name)
+        self.written = set(names)
+
+
+T = TypeVar("T")
+
+
+class _Pool(Generic[T]):
+    """Objects for concurrent callers (pmap's device shards call at once), made on first need and kept between
+    calls. Not `threading.local`: XLA runs a callback on a pool thread under a Python thread state that lives for
+    that call only, and clearing it would free (and crash in) a thread-local MuJoCo object after every call."""
+
+    def __init__(self) -> None:
+        self._free: list[T] = []
         self._lock = threading.Lock()
 
     @contextmanager
-    def take(self, names: tuple[str, ...]) -> Iterator[tuple[mujoco.MjModel, mujoco.MjData]]:
-        """A model whose randomized fields other than `names` hold the engine's model's values, and its data."""
+    def take(
+        self, make: Callable[[], T], fits: Callable[[T], bool] = lambda _: True, cost: Callable[[T], int] = lambda _: 0
+    ) -> Iterator[T]:
+        """The cheapest free object that fits, or a new one from `make`; back in the pool afterwards."""
         with self._lock:
-            entry = self._free.pop() if self._free else None
-        if entry is None:
-            model = copy.copy(self._mj_model)
-            entry = (model, mujoco.MjData(model), set())
-        model, mj_data, written = entry
-        for name in written - set(names):  # randomized by an earlier call, not by this one
-            getattr(model, name)[...] = getattr(self._mj_model, name)
+            fitting = [item for item in self._free if fits(item)]
+            item = min(fitting, key=cost) if fitting else None
+            if item is not None:
+                self._free.remove(item)
+        if item is None:
+            item = make()
         try:
-            yield model, mj_data
+            yield item
         finally:
             with self._lock:
-                self._free.append((model, mj_data, set(names)))
+                self._free.append(item)
 
 
 def _flat(array: np.ndarray, lead: tuple[int, ...], n: int) -> np.ndarray:
@@ -218,8 +212,8 @@ class NativeEngine(PhysicsEngine):
         return ModelDefaults(self.mj_model)
 
     @functools.cached_property
-    def _pool(self) -> _Pool:
-        return _Pool(self.mj_model, self.nthread)
+    def _batches(self) -> _Pool[_Sims]:
+        return _Pool()
 
     @functools.cached_property
     def _shapes(self) -> dict[str, tuple[int, ...]]:
@@ -244,7 +238,8 @@ class NativeEngine(PhysicsEngine):
         fields = {name: _flat(a, lead, n) for name, a in zip(names, arrays[len(STATE) :], strict=True)}
         fields = with_subtree_mass(self.mj_model, fields)
         failed: Sequence[int] = ()
-        with self._pool.take(n) as sims:
+        make = functools.partial(_Sims, self.mj_model, n, self.nthread)
+        with self._batches.take(make, fits=lambda s: s.nsim >= n, cost=lambda s: s.nsim) as sims:
             for name, values in zip(STATE, state, strict=True):
                 sims.arrays[name][:n] = values
             sims.write_fields(self.mj_model, n, fields)
@@ -337,8 +332,8 @@ class NativeEngine(PhysicsEngine):
         return Contacts(*table)
 
     @functools.cached_property
-    def _scratch_pool(self) -> _ScratchPool:
-        return _ScratchPool(self.mj_model)
+    def _scratches(self) -> _Pool[_Scratch]:
+        return _Pool()
 
     def _contacts_host(self, names: tuple[str, ...], *arrays: np.ndarray) -> tuple[np.ndarray, ...]:
         """Each env's contacts: `mj_forward` of its state in a model and data of the engine's own."""
@@ -347,8 +342,9 @@ class NativeEngine(PhysicsEngine):
         state = [_flat(a, lead, n) for a in arrays[: len(STATE)]]
         by_name = {name: _flat(a, lead, n) for name, a in zip(names, arrays[len(STATE) :], strict=True)}
         by_name = with_subtree_mass(self.mj_model, by_name)
-        with self._scratch_pool.take(tuple(by_name)) as (model, mj_data):
-            return self._contact_table(model, mj_data, state, list(by_name.items()), lead)
+        with self._scratches.take(functools.partial(_Scratch, self.mj_model)) as scratch:
+            scratch.restore_except(self.mj_model, tuple(by_name))
+            return self._contact_table(scratch.model, scratch.data, state, list(by_name.items()), lead)
 
     def _contact_table(
         self,
