@@ -513,7 +513,11 @@ class StepContext(struct.PyTreeNode):
 
     def sensor(self, name: str) -> Array:
         """An MJCF sensor's values by name, as MuJoCo computes them into `sensordata`."""
-        start, dim = self.layout.sensor(name, "sensor")
+        return self.sensor_at(self.layout.sensor(name, "sensor"))
+
+    def sensor_at(self, span: tuple[int, int]) -> Array:
+        """The values of the sensor at (first index in `sensordata`, dimension), as `ModelLayout.sensor` gives."""
+        start, dim = span
         return self.data.sensordata[start : start + dim]
 
     def point_pos(self, point: Point) -> Array:

@@ -200,8 +200,7 @@ class Sensor(Observation):
         return with_resolved(self, span=layout.sensor(self.sensor, "Sensor.sensor"))
 
     def observe(self, ctx: StepContext) -> Array:
-        start, dim = self.span
-        return ctx.data.sensordata[start : start + dim] * self.scale
+        return ctx.sensor_at(self.span) * self.scale
 
 
 @dataclass(frozen=True)
