@@ -8,7 +8,7 @@ Every physics test runs once per physics implementation the engine offers (`PHYS
 import dataclasses
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -80,12 +80,23 @@ def _moving_pose(mj_model: mujoco.MjModel) -> tuple[np.ndarray, np.ndarray]:
     return qpos, qvel
 
 
-def test_every_sensor_reads_what_mujoco_computes(
-    mj_model: mujoco.MjModel, engine: PhysicsEngine, make_data: Callable
-) -> None:
+class Moving(NamedTuple):
+    """The moving pose, its context on the engine under test, and MuJoCo's own `mj_forward` of it."""
+
+    qpos: np.ndarray
+    qvel: np.ndarray
+    ctx: StepContext
+    reference: mujoco.MjData
+
+
+@pytest.fixture(scope="module")
+def moving(mj_model: mujoco.MjModel, engine: PhysicsEngine, make_data: Callable) -> Moving:
     qpos, qvel = _moving_pose(mj_model)
-    ctx = _context(engine, make_data(qpos, qvel))
-    reference = _mujoco_forward(mj_model, qpos, qvel)
+    return Moving(qpos, qvel, _context(engine, make_data(qpos, qvel)), _mujoco_forward(mj_model, qpos, qvel))
+
+
+def test_every_sensor_reads_what_mujoco_computes(mj_model: mujoco.MjModel, moving: Moving) -> None:
+    ctx, reference = moving.ctx, moving.reference
     kinds = {mujoco.mjtSensor(int(t)).name for t in mj_model.sensor_type}
     assert {"mjSENS_GYRO", "mjSENS_ACCELEROMETER", "mjSENS_VELOCIMETER", "mjSENS_FRAMEQUAT", "mjSENS_CONTACT"} <= kinds
     for sensor in range(mj_model.nsensor):
@@ -102,12 +113,8 @@ def test_every_sensor_reads_what_mujoco_computes(
     assert found == [1.0, 0.0, 1.0, 1.0]  # the state has the contacts the feet tests rely on
 
 
-def test_points_by_site_geom_and_body_move_with_their_frame(
-    mj_model: mujoco.MjModel, engine: PhysicsEngine, make_data: Callable
-) -> None:
-    qpos, qvel = _moving_pose(mj_model)
-    ctx = _context(engine, make_data(qpos, qvel))
-    reference = _mujoco_forward(mj_model, qpos, qvel)
+def test_points_by_site_geom_and_body_move_with_their_frame(moving: Moving) -> None:
+    ctx, reference = moving.ctx, moving.reference
     for foot in FEET:  # a site's velocity against MuJoCo's framelinvel sensor of that site
         site = ctx.layout.point(foot, "test")
         assert site.kind == "site"
@@ -126,11 +133,9 @@ def test_points_by_site_geom_and_body_move_with_their_frame(
 
 
 def test_foot_contact_and_force_come_from_the_simulator(
-    mj_model: mujoco.MjModel, contacts_engine: PhysicsEngine, make_data: Callable
+    contacts_engine: PhysicsEngine, make_data: Callable, moving: Moving
 ) -> None:
-    engine = contacts_engine
-    qpos, qvel = _moving_pose(mj_model)
-    ctx = _context(engine, make_data(qpos, qvel))
+    engine, (qpos, qvel, ctx, _) = contacts_engine, moving
     np.testing.assert_array_equal(obs.FeetContact(feet=FEET).bind(ctx.layout).observe(ctx), [1.0, 0.0, 1.0, 1.0])
     np.testing.assert_array_equal(
         obs.FeetContact(feet=("fl_lleg", "fr_lleg")).bind(ctx.layout).observe(ctx), [1.0, 0.0]
@@ -223,12 +228,10 @@ def test_a_scripted_step_pays_the_lifted_foot_only(
 
 
 def test_the_new_terms_measure_what_they_say(
-    mj_model: mujoco.MjModel, engine: PhysicsEngine, make_data: Callable
+    mj_model: mujoco.MjModel, engine: PhysicsEngine, make_data: Callable, moving: Moving
 ) -> None:
-    qpos, qvel = _moving_pose(mj_model)
-    data = make_data(qpos, qvel)
-    ctx = _context(engine, data)
-    reference = _mujoco_forward(mj_model, qpos, qvel)
+    qpos, qvel, ctx, _ = moving
+    reference = _mujoco_forward(mj_model, qpos, qvel)  # its own: this test sets its controls
     local_lin, local_ang = ctx.base_lin_vel, ctx.base_ang_vel
     assert float(rew.BaseVerticalVelocityPenalty(scale=-1.0).value(ctx)) == pytest.approx(float(local_lin[2]) ** 2)
     np.testing.assert_allclose(rew.BaseRollPitchRatePenalty(scale=-1.0).value(ctx), np.sum(local_ang[:2] ** 2))
@@ -332,15 +335,13 @@ def test_components_resolve_their_names_once_when_the_task_is_built(monkeypatch:
     assert set(transition.reward_terms) == set(task.reward_names)
 
 
-def test_a_component_used_unbound_says_so(mj_model: mujoco.MjModel, engine: PhysicsEngine, make_data: Callable) -> None:
-    ctx = _context(engine, make_data(*_moving_pose(mj_model)))
+def test_a_component_used_unbound_says_so(moving: Moving) -> None:
+    ctx = moving.ctx
     with pytest.raises(ConfigError, match=r"before bind\(layout\)"):
         obs.JointVelocity(joints=("fr_kn",)).observe(ctx)
 
 
-def test_the_documented_custom_component_binds_and_observes(
-    mj_model: mujoco.MjModel, engine: PhysicsEngine, make_data: Callable
-) -> None:
+def test_the_documented_custom_component_binds_and_observes(moving: Moving) -> None:
     """docs/tasks.md's example component, run as written."""
     text = (Path(__file__).resolve().parents[1] / "docs" / "tasks.md").read_text()
     snippet = text.split("```python\n", 1)[1].split("```", 1)[0]
@@ -350,11 +351,8 @@ def test_the_documented_custom_component_binds_and_observes(
         "from ksim.binding import resolved, with_resolved\nfrom ksim.engine import ModelLayout, Point, StepContext\n"
     )
     exec(preamble + snippet, names)
-    qpos, qvel = _moving_pose(mj_model)
-    ctx = _context(engine, make_data(qpos, qvel))
+    ctx = moving.ctx
     knee = names["KneeHeight"](knee="fr_lleg").bind(ctx.layout)
-    np.testing.assert_allclose(
-        knee.observe(ctx), [_mujoco_forward(mj_model, qpos, qvel).body("fr_lleg").xpos[2]], atol=1e-5
-    )
+    np.testing.assert_allclose(knee.observe(ctx), [moving.reference.body("fr_lleg").xpos[2]], atol=1e-5)
     with pytest.raises(ConfigError, match=r"KneeHeight\.knee: no site, geom or body named 'knee'"):
         names["KneeHeight"]().bind(ctx.layout)
