@@ -1,9 +1,10 @@
 """Rough terrain: one heightfield made of a grid of tiles, a curriculum over its rows, and height lookups.
 
 A task's `get_terrain()` returns a `TerrainGrid` (settings); `build()` turns it into a `Terrain`: a height
-array deterministic from the seed, laid out as `num_levels` rows of rising difficulty along world x and one
-column per terrain type along world y, inside a flat border. Every tile has a flat square at its centre
-(`platform_size`) at height 0: envs spawn there, so a spawn never starts in penetration whatever the tile.
+array deterministic from the seed, laid out as `num_levels` rows of rising difficulty along world y and one
+column per terrain type along world x, inside a flat border: a robot walking forward (+x) stays on its level
+and meets every type. Every tile has a flat square at its centre (`platform_size`) where envs spawn, so a spawn
+never starts in penetration whatever the tile, and every tile's outer ring is at height 0, so tiles meet flush.
 
 `Terrain.add_to(spec)` puts the whole grid into the task's model as *one* heightfield geom (MJX checks every
 heightfield x geom pair at every physics step, with no broadphase), replacing the world's plane geoms, so
@@ -70,8 +71,8 @@ class TerrainGrid:
     """The terrain's settings; defaults follow mjlab and legged_gym (8 m tiles, 10 levels, 0.1 m grid)."""
 
     tile_size: float = 8.0  # m, each square tile's side
-    num_levels: int = 10  # rows of rising difficulty (along world x)
-    types: tuple[str, ...] = TERRAIN_TYPES  # one column per entry (along world y)
+    num_levels: int = 10  # rows of rising difficulty (along world y)
+    types: tuple[str, ...] = TERRAIN_TYPES  # one column per entry (along world x)
     resolution: float = 0.1  # m between heightfield samples
     border: float = 4.0  # m of flat ground around the grid
     platform_size: float = 2.0  # m, the flat square at each tile's centre where envs spawn
@@ -125,32 +126,31 @@ def _chebyshev_from_centre(n: int, resolution: float) -> np.ndarray:
 
 
 def tile_heights(grid: TerrainGrid, kind: str, level: int, rng: np.random.Generator) -> np.ndarray:
-    """One tile's (n, n) heights: 0 on the centre platform, shaped by `kind` at `level`'s difficulty outside."""
+    """One tile's (n, n) heights, shaped by `kind` at `level`'s difficulty: flat on the centre platform, 0 on
+    the outer ring. `*_up` tiles are pits the robot climbs out of, `*_down` tiles hills it walks down from."""
     n, difficulty = grid.samples_per_tile, grid.difficulty(level)
     outside = np.maximum(_chebyshev_from_centre(n, grid.resolution) - grid.platform_size / 2, 0.0)
     if kind == "flat":
-        heights = np.zeros((n, n))
-    elif kind == "rough":
+        return np.zeros((n, n))
+    if kind == "rough":
         amplitude = grid.max_roughness * (0.25 + 0.75 * difficulty)
-        heights = rng.uniform(-amplitude, amplitude, (n, n))
-    elif kind in ("slope_up", "slope_down"):
-        heights = grid.max_slope * difficulty * outside
+        return np.where(outside > 0, rng.uniform(-amplitude, amplitude, (n, n)), 0.0)
+    if kind.startswith("slope"):
+        rise = grid.max_slope * difficulty * outside
     else:
         step_height = 0.02 + (grid.max_step_height - 0.02) * difficulty
-        heights = np.ceil(outside / grid.step_width) * step_height
-    if kind.endswith("_down"):
-        heights = -heights
-    return np.where(outside > 0, heights, 0.0)
+        rise = np.ceil(outside / grid.step_width - 1e-9) * step_height  # 1e-9: a ring at k widths is k steps
+    return rise - rise.max() if kind.endswith("_up") else rise.max() - rise
 
 
 def generate_heights(grid: TerrainGrid) -> np.ndarray:
-    """The whole field's heights, (y samples, x samples): levels along x, types along y, a flat border."""
+    """The whole field's heights, (y samples, x samples): levels along y, types along x, a flat border."""
     n, b = grid.samples_per_tile, grid.border_samples
-    heights = np.zeros((len(grid.types) * n + 2 * b, grid.num_levels * n + 2 * b))
+    heights = np.zeros((grid.num_levels * n + 2 * b, len(grid.types) * n + 2 * b))
     rng = np.random.default_rng(grid.seed)
     for column, kind in enumerate(grid.types):
         for level in range(grid.num_levels):
-            rows, cols = slice(b + column * n, b + (column + 1) * n), slice(b + level * n, b + (level + 1) * n)
+            rows, cols = slice(b + level * n, b + (level + 1) * n), slice(b + column * n, b + (column + 1) * n)
             heights[rows, cols] = tile_heights(grid, kind, level, rng)
     return heights
 
@@ -234,9 +234,9 @@ class Terrain:
         grid, (half_x, half_y) = self.grid, self.half_extent
         n, b = grid.samples_per_tile, grid.border_samples
         centre = (n - 1) / 2
-        x = -half_x + (b + np.arange(grid.num_levels) * n + centre) * grid.resolution
-        y = -half_y + (b + np.arange(len(grid.types)) * n + centre) * grid.resolution
-        return np.stack(np.meshgrid(x, y, indexing="ij"), axis=-1)
+        x = -half_x + (b + np.arange(len(grid.types)) * n + centre) * grid.resolution
+        y = -half_y + (b + np.arange(grid.num_levels) * n + centre) * grid.resolution
+        return np.stack(np.meshgrid(x, y, indexing="xy"), axis=-1)
 
     def origin(self, cells: TerrainCells) -> Array:
         """World xy of the centres of `cells`' tiles (any leading shape)."""

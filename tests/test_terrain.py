@@ -22,7 +22,7 @@ from ksim.physics import create_engine
 from ksim.task.rl import TrainState
 from ksim.terrain import Terrain, TerrainCells, TerrainCurriculum, TerrainGrid, free_base_position
 
-# An asymmetric field: 3 levels along x, 2 types along y, tiles with rough, stepped and sloped parts.
+# An asymmetric field: 3 levels along y, 2 types along x, tiles with rough and stepped parts.
 GRID = TerrainGrid(
     tile_size=1.6,
     num_levels=3,
@@ -55,7 +55,9 @@ def test_height_lookup_agrees_with_mj_ray(terrain: Terrain) -> None:
     mujoco.mj_forward(model, data)
     half_x, half_y = terrain.half_extent
     rng = np.random.default_rng(0)
-    seams = [(-half_x + (2 + 8 * k) * 0.2 - 0.2 * s, y) for k in range(4) for s in (0, 1) for y in (-0.3, 0.71)]
+    x_seams = [(-half_x + (2 + 8 * k - s) * 0.2, y) for k in range(3) for s in (0, 1) for y in (-0.3, 0.71)]
+    y_seams = [(x, -half_y + (2 + 8 * k - s) * 0.2) for k in range(4) for s in (0, 1) for x in (-0.3, 0.71)]
+    seams = x_seams + y_seams
     edges = [(-half_x, -half_y), (half_x, half_y), (half_x, -half_y + 0.05), (-half_x + 0.05, half_y)]
     points = np.concatenate([rng.uniform([-half_x, -half_y], [half_x, half_y], (500, 2)), seams, edges])
     geom = np.zeros(1, np.int32)
@@ -64,16 +66,24 @@ def test_height_lookup_agrees_with_mj_ray(terrain: Terrain) -> None:
         for x, y in points
     ]
     looked_up = jax.jit(terrain.height_at)(jnp.asarray(points, jnp.float32))
-    assert np.ptp(terrain.heights) > 0.2  # the field is not flat
+    assert np.ptp(terrain.heights) > 0.1  # the field is not flat
     np.testing.assert_allclose(looked_up, from_ray, atol=1e-5)
 
 
-def test_heights_are_deterministic_from_the_seed_and_zero_at_every_tile_centre(terrain: Terrain) -> None:
+def test_heights_are_deterministic_from_the_seed_flat_platforms_and_flush_seams(terrain: Terrain) -> None:
     np.testing.assert_array_equal(GRID.build().raw_heights, terrain.raw_heights)
     assert not np.array_equal(TerrainGrid(**{**GRID.__dict__, "seed": 6}).build().raw_heights, terrain.raw_heights)
     centres = jnp.asarray(terrain.origins.reshape(-1, 2), jnp.float32)
-    corners = centres[:, None, :] + jnp.asarray([[-0.45, -0.45], [0.45, 0.45], [0.45, -0.45]])
-    np.testing.assert_allclose(terrain.height_at(corners), 0.0, atol=1e-6)
+    corners = centres[:, None, :] + jnp.asarray([[0.0, 0.0], [-0.45, -0.45], [0.45, 0.45], [0.45, -0.45]])
+    platforms = np.asarray(terrain.height_at(corners))
+    np.testing.assert_allclose(platforms - platforms[:, :1], 0.0, atol=1e-6)  # each platform is flat
+    stairs_up = platforms[terrain.origins.shape[1] * np.arange(3) + 1, 0]  # column 1, levels 0..2: pits
+    np.testing.assert_allclose(stairs_up, [-0.02, -0.06, -0.1], atol=1e-6)  # one step of 0.02, 0.06, 0.1 m
+    # Levels along y, types along x, and every tile's outer ring at 0: neighbours meet without a step.
+    assert terrain.origins[1, 0, 1] > terrain.origins[0, 0, 1] and terrain.origins[0, 1, 0] > terrain.origins[0, 0, 0]
+    n, b = GRID.samples_per_tile, GRID.border_samples
+    stairs = terrain.raw_heights[:, b + n : b + 2 * n]
+    np.testing.assert_array_equal(stairs[b + n - 1 : b + n + 1], 0.0)  # the seam between levels 0 and 1
 
 
 SPHERE = '<body name="ball" pos="{x} {y} 0.5"><freejoint/><geom type="sphere" size="0.1" mass="1"/></body>'
