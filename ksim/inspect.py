@@ -298,11 +298,11 @@ def inspect_model(
         native_engine = create_engine(mj_model, ctrl_dt, option.timestep, base_body, root_joints, "mujoco")
         native = measure_step(native_engine, num_envs)
     if timing and not refusals:
-        cost = measure_step(create_engine(mj_model, ctrl_dt, option.timestep, base_body, root_joints), num_envs)
+        cost = measure_step(create_engine(mj_model, ctrl_dt, option.timestep, base_body, root_joints, "jax"), num_envs)
         lines += cost_lines(cost)
         tuned, changes = tuned_options(mj_model)
         if compare_tuned and changes:
-            tuned_engine = create_engine(tuned, ctrl_dt, option.timestep, base_body, root_joints)
+            tuned_engine = create_engine(tuned, ctrl_dt, option.timestep, base_body, root_joints, "jax")
             tuned_cost = measure_step(tuned_engine, num_envs)
             lines.append(
                 f"with {', '.join(changes)}: {tuned_cost.env_steps_per_s:,.0f} env-steps/s, "

@@ -63,7 +63,7 @@ def random_state(mj_model: mujoco.MjModel, seed: int) -> tuple[np.ndarray, np.nd
 def contexts(kind: str, seed: int = 0) -> tuple[StepContext, mujoco.MjModel, mujoco.MjData]:
     """A context from MJX data at a random state, and MuJoCo's own MjData at that state."""
     mj_model = model(ROOTS[kind])
-    engine = create_engine(mj_model, ctrl_dt=0.02, dt=0.005)
+    engine = create_engine(mj_model, ctrl_dt=0.02, dt=0.005, physics_impl="jax")
     qpos, qvel = random_state(mj_model, seed)
     data = engine.make_data(jnp.asarray(qpos, jnp.float32), jnp.asarray(qvel, jnp.float32))
     ctx = engine.context(data, data, jnp.zeros(2), jnp.zeros(2), data.ctrl)
@@ -127,7 +127,7 @@ def test_the_base_stays_put_on_a_fixed_root() -> None:
 
 def test_a_control_step_is_mjx_steps_and_leaves_the_final_state_computed() -> None:
     mj_model = model(ROOTS["planar"])
-    engine = create_engine(mj_model, ctrl_dt=0.02, dt=0.005)
+    engine = create_engine(mj_model, ctrl_dt=0.02, dt=0.005, physics_impl="jax")
     qpos, qvel = random_state(mj_model, 3)
     data = engine.make_data(jnp.asarray(qpos, jnp.float32), jnp.asarray(qvel, jnp.float32))
     ctrl = jnp.asarray([0.3, -0.2])
@@ -153,7 +153,7 @@ def test_a_control_step_is_mjx_steps_and_leaves_the_final_state_computed() -> No
 @pytest.mark.parametrize("kind", ["free", "planar", "fixed"])
 def test_external_body_forces_give_mujocos_joint_forces_and_accelerations(kind: str) -> None:
     mj_model = model(ROOTS[kind])
-    engine = create_engine(mj_model, ctrl_dt=0.02, dt=0.005)
+    engine = create_engine(mj_model, ctrl_dt=0.02, dt=0.005, physics_impl="jax")
     qpos, qvel = random_state(mj_model, 5)
     pushes = np.random.default_rng(6).normal(size=(mj_model.nbody, 6))
     data = engine.make_data(jnp.asarray(qpos, jnp.float32), jnp.asarray(qvel, jnp.float32))
@@ -193,7 +193,7 @@ def test_an_episode_start_computes_what_the_models_sensors_need(with_acceleromet
         integrator="Euler", acceleration_sensor='<accelerometer site="imu"/>' if with_accelerometer else ""
     )
     mj_model = mujoco.MjModel.from_xml_string(xml)
-    engine = create_engine(mj_model, ctrl_dt=0.02, dt=0.005)
+    engine = create_engine(mj_model, ctrl_dt=0.02, dt=0.005, physics_impl="jax")
     assert engine.has_acceleration_sensors == with_accelerometer
     qvel = np.array([0.3, 0.0, -0.2, 0.0, 0.5, 0.0])
     data = engine.make_data(jnp.asarray(mj_model.qpos0, jnp.float32), jnp.asarray(qvel, jnp.float32))
@@ -212,7 +212,7 @@ def test_an_integrator_mjx_lacks_is_refused_when_the_engine_is_built() -> None:
         ConfigError,
         match=r"MJX cannot run this model: integrator IMPLICIT: MJX implements Euler, RK4 and implicitfast: set",
     ):
-        create_engine(mj_model, ctrl_dt=0.02, dt=0.005)
+        create_engine(mj_model, ctrl_dt=0.02, dt=0.005, physics_impl="jax")
 
 
 def test_forward_progress_is_displacement_over_the_control_step() -> None:

@@ -80,7 +80,7 @@ def contract_model(integrator: str, contact: bool = True, touch: bool = True) ->
 
 
 def compare(mj_model: mujoco.MjModel) -> None:
-    engine = create_engine(mj_model, ctrl_dt=SUBSTEPS * 0.005, dt=0.005)
+    engine = create_engine(mj_model, ctrl_dt=SUBSTEPS * 0.005, dt=0.005, physics_impl="jax")
     rng = np.random.default_rng(0)
     start = mujoco.MjData(mj_model)
     start.qpos[7:] = rng.uniform(-0.3, 0.3, mj_model.nq - 7)

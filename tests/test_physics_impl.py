@@ -16,7 +16,7 @@ needs_warp = pytest.mark.skipif(
 
 
 def test_an_unknown_physics_impl_is_refused() -> None:
-    with pytest.raises(ConfigError, match=r"physics_impl='cuda' must be one of 'jax', 'warp', 'mujoco'"):
+    with pytest.raises(ConfigError, match=r"physics_impl='cuda' must be one of 'auto', 'jax', 'warp', 'mujoco'"):
         DistributedBallTask(distributed_ball_config(physics_impl="cuda"))
 
 

@@ -130,7 +130,7 @@ def random_state(mj_model: mujoco.MjModel, seed: int) -> tuple[np.ndarray, np.nd
 
 def assert_steps_match_mjx(mj_model: mujoco.MjModel, num_steps: int = 3) -> None:
     """`num_steps` of ksim's physics step against `mjx.step` from the same state, with a random control."""
-    engine = create_engine(mj_model, ctrl_dt=mj_model.opt.timestep, dt=mj_model.opt.timestep)
+    engine = create_engine(mj_model, ctrl_dt=mj_model.opt.timestep, dt=mj_model.opt.timestep, physics_impl="jax")
     reference_start = mujoco.MjData(mj_model)
     reference_start.qpos[:], reference_start.qvel[:] = random_state(mj_model, 0)
     reference_start.ctrl[:] = np.random.default_rng(1).uniform(-0.5, 0.5, mj_model.nu)
@@ -167,7 +167,7 @@ def test_ksim_physics_step_equals_mjx_step_for_every_integrator(integrator: str)
 @pytest.mark.parametrize("name", sorted(REFUSED))
 def test_models_mjx_cannot_run_are_refused_with_one_line(name: str) -> None:
     with pytest.raises(ConfigError) as refused:
-        create_engine(load(name), ctrl_dt=0.015, dt=0.003)
+        create_engine(load(name), ctrl_dt=0.015, dt=0.003, physics_impl="jax")
     message = str(refused.value)
     assert (
         message == 'MJX cannot run this model: solver PGS: MJX implements Newton and CG: set <option solver="Newton"/>'

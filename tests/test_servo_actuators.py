@@ -55,7 +55,7 @@ def servo_robot(actuators: str = SERVOS) -> mujoco.MjModel:
 
 def test_action_zero_holds_the_keyframe_pose_and_the_robot_stands() -> None:
     mj_model = servo_robot()
-    engine = create_engine(mj_model, ctrl_dt=0.02, dt=0.005)
+    engine = create_engine(mj_model, ctrl_dt=0.02, dt=0.005, physics_impl="jax")
     actuators = PositionServoActuators.from_model(mj_model, action_scale=0.5)
     keyframe = engine.default_qpos
     np.testing.assert_allclose(actuators.ctrl(jnp.zeros(4), None), keyframe[3:])  # type: ignore[arg-type]
@@ -82,7 +82,7 @@ def test_the_default_pose_is_a_named_keyframe_when_asked() -> None:
 
 def test_gain_scales_move_into_the_servos_model_fields() -> None:
     mj_model = servo_robot()
-    engine = create_engine(mj_model, ctrl_dt=0.02, dt=0.005)
+    engine = create_engine(mj_model, ctrl_dt=0.02, dt=0.005, physics_impl="jax")
     actuators = PositionServoActuators.from_model(mj_model)
     kp, kd = jnp.asarray([1.1, 0.9, 1.0, 1.2]), jnp.asarray([0.8, 1.0, 1.0, 1.3])
     scales, fields = actuators.apply_gain_scales({"kp": kp, "kd": kd}, {}, engine.mjx_model)

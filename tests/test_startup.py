@@ -102,10 +102,11 @@ def run_cartpole(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_compilation_cache_setting(tmp_path: Path) -> None:
-    cache = tmp_path / "cache"
-    first = run_cartpole(f"compilation_cache_dir={cache}", f"run_dir={tmp_path / 'a'}")
-    second = run_cartpole(f"compilation_cache_dir={cache}", f"run_dir={tmp_path / 'b'}")
-    off = run_cartpole("compilation_cache_dir=", f"run_dir={tmp_path / 'c'}")
+    # MJX programs: a program stepping native physics holds host-callback addresses, which JAX puts in its key.
+    cache, mjx = tmp_path / "cache", "physics_impl=jax"
+    first = run_cartpole(f"compilation_cache_dir={cache}", f"run_dir={tmp_path / 'a'}", mjx)
+    second = run_cartpole(f"compilation_cache_dir={cache}", f"run_dir={tmp_path / 'b'}", mjx)
+    off = run_cartpole("compilation_cache_dir=", f"run_dir={tmp_path / 'c'}", mjx)
     for result in (first, second, off):
         assert result.returncode == 0, result.stderr
     # Both programs are named up front, then each gets its line with its own cache answers (compiled on

@@ -266,7 +266,7 @@ def test_refusals_name_the_setting_and_the_rule() -> None:
                     cylinder.format(root='<freejoint name="root"/>', actuator=BALL_MOTOR)
                 )
             },
-        )(distributed_ball_config(sim2real=False, num_envs=8, num_devices=1))
+        )(distributed_ball_config(sim2real=False, num_envs=8, num_devices=1, physics_impl="jax"))
 
 
 def test_rough_quadruped_touches_the_terrain_with_its_feet_only() -> None:

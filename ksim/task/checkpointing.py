@@ -69,6 +69,7 @@ def checkpoint_metadata(
     config: RLConfig,
     observation_layout: list[tuple[str, int]],
     actions: dict[str, Any],
+    physics_impl: str,
     critic_layout: list[tuple[str, int]] | None = None,
     memory: dict[str, int] | None = None,
 ) -> dict[str, Any]:
@@ -84,7 +85,7 @@ def checkpoint_metadata(
         "policy_memory": memory or dict(MEMORYLESS),
         "actions": actions,
         "ctrl_dt": float(config.ctrl_dt),
-        "physics_impl": config.physics_impl,
+        "physics_impl": physics_impl,
         "versions": library_versions(),
     }
 

@@ -636,6 +636,7 @@ class RLTask(ABC, Generic[ConfigT]):
             self.config,
             self.environment.observation_layout(),
             self.action_layout(),
+            self.engine.physics_impl,
             self.environment.critic_observation_layout(),
             self.memory_settings(),
         )

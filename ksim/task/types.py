@@ -45,10 +45,10 @@ class RLConfig:
         "body's unactuated joints; [] for none).",
     )
     physics_impl: str = xax.field(
-        "jax",
-        help="Physics implementation: 'jax' (MJX), 'warp' (MJX's Warp implementation, on a CUDA GPU or the CPU; needs "
-        "the warp extra: pip install 'ksim[warp]') or 'mujoco' (C MuJoCo through mujoco.batch, CPU devices only; "
-        "see docs/physics.md).",
+        "auto",
+        help="Physics implementation: 'auto' ('mujoco' on CPU devices, 'jax' on GPUs and TPUs), 'jax' (MJX), 'warp' "
+        "(MJX's Warp implementation, on a CUDA GPU or the CPU; needs the warp extra: pip install 'ksim[warp]') or "
+        "'mujoco' (C MuJoCo through mujoco.batch, CPU devices only; see docs/physics.md).",
     )
     num_steps: int = xax.field(100, help="Train steps to run (one rollout + one update each).")
     seed: int = xax.field(0, help="Random seed for params, environments and minibatches.")
