@@ -13,13 +13,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import statistics
-import time
 from collections.abc import Sequence
 from typing import Any
 
 import ksim  # noqa: F401  (sizes the CPU thread pool before JAX starts)
-from benchmarks.scaling import timed_steps
+from benchmarks.scaling import side_by_side
 from examples.cartpole import DEFAULT_CONFIG as CARTPOLE_CONFIG
 from examples.cartpole import CartpoleTask
 from examples.walking import CPU_CONFIG as WALKING_CONFIG
@@ -73,26 +71,6 @@ def variants(task: str) -> dict[str, Any]:
     return {"off": WalkingTask(WALKING_CONFIG), "on": WalkingSim2RealTask(walking_on)}
 
 
-def measure(task_name: str, rounds: int, steps: int) -> dict[str, dict[str, float]]:
-    import jax
-
-    tasks, states, report = variants(task_name), {}, {}
-    for name, task in tasks.items():
-        start = time.perf_counter()
-        state, metrics = task.train_step(task.init_train_state())
-        jax.block_until_ready(metrics)
-        report[name] = {"compile_s": time.perf_counter() - start}
-        states[name], _ = timed_steps(task, state, 1)  # warm-up
-    rates: dict[str, list[float]] = {name: [] for name in tasks}
-    for _ in range(rounds):
-        for name, task in tasks.items():
-            states[name], rate = timed_steps(task, states[name], steps)
-            rates[name].append(rate)
-    for name in tasks:
-        report[name]["env_steps_per_s"] = statistics.median(rates[name])
-    return report
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tasks", nargs="+", choices=("cartpole", "walking"), default=["cartpole", "walking"])
@@ -103,7 +81,7 @@ def main() -> None:
     widths = (10, 14, 17, 16, 8, 18)
     print("".join(f"{text:>{width}}" for text, width in zip(header, widths, strict=True)))
     for task_name in args.tasks:
-        report = measure(task_name, args.rounds, args.steps)
+        report = side_by_side(variants(task_name), args.rounds, args.steps)
         config = CARTPOLE_CONFIG if task_name == "cartpole" else WALKING_CONFIG
         off, on = report["off"], report["on"]
         row = (

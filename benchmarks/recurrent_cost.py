@@ -13,12 +13,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import statistics
-import time
-from typing import Any
 
 import ksim  # noqa: F401  (sizes the CPU thread pool before JAX starts)
-from benchmarks.scaling import timed_steps
+from benchmarks.scaling import side_by_side
 from examples.walking import CPU_CONFIG, WalkingTask
 
 
@@ -33,23 +30,6 @@ def build(recurrent_size: int, num_envs: int, rollout_length: int) -> WalkingTas
     return WalkingTask(config)
 
 
-def measure(tasks: dict[str, WalkingTask], rounds: int, steps: int) -> dict[str, dict[str, Any]]:
-    import jax
-
-    states, report = {}, {}
-    for name, task in tasks.items():
-        start = time.perf_counter()
-        state, metrics = task.train_step(task.init_train_state())
-        jax.block_until_ready(metrics)
-        report[name] = {"compile_s": time.perf_counter() - start, "step_s": []}
-        states[name], _ = timed_steps(task, state, 1)  # warm-up
-    for _ in range(rounds):
-        for name, task in tasks.items():
-            states[name], rate = timed_steps(task, states[name], steps)
-            report[name]["step_s"].append(task.env_steps_per_train_step / rate)
-    return report
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--recurrent-size", type=int, default=64, help="GRU units of the recurrent variant.")
@@ -62,9 +42,10 @@ def main() -> None:
         "mlp": build(0, args.num_envs, args.rollout_length),
         f"gru{args.recurrent_size}": build(args.recurrent_size, args.num_envs, args.rollout_length),
     }
-    report = measure(tasks, args.rounds, args.steps)
+    report = side_by_side(tasks, args.rounds, args.steps)
     (mlp, mlp_report), (gru, gru_report) = report.items()
-    mlp_s, gru_s = statistics.median(mlp_report["step_s"]), statistics.median(gru_report["step_s"])
+    steps_per_train_step = tasks[mlp].env_steps_per_train_step
+    mlp_s, gru_s = (steps_per_train_step / r["env_steps_per_s"] for r in (mlp_report, gru_report))
     print(f"walking, {args.num_envs} envs x {args.rollout_length} steps per train step, {args.rounds} rounds")
     print(f"{'variant':>10}{'train step s':>14}{'compile s':>11}")
     for name, seconds, compile_s in ((mlp, mlp_s, mlp_report["compile_s"]), (gru, gru_s, gru_report["compile_s"])):

@@ -64,6 +64,27 @@ def timed_steps(task: Any, state: Any, steps: int) -> tuple[Any, float]:
     return state, task.env_steps_per_train_step * steps / (time.perf_counter() - start)
 
 
+def side_by_side(tasks: dict[str, Any], rounds: int, steps: int) -> dict[str, dict[str, float]]:
+    """Each task's first train step (compile_s) and its median env-steps/s over `rounds` rounds of `steps` train
+    steps, the tasks taking turns within each round so that load changes hit them alike."""
+    import jax
+
+    states, rates, report = {}, {name: [] for name in tasks}, {}
+    for name, task in tasks.items():
+        start = time.perf_counter()
+        state, metrics = task.train_step(task.init_train_state())
+        jax.block_until_ready(metrics)
+        report[name] = {"compile_s": time.perf_counter() - start}
+        states[name], _ = timed_steps(task, state, 1)  # warm-up
+    for _ in range(rounds):
+        for name, task in tasks.items():
+            states[name], rate = timed_steps(task, states[name], steps)
+            rates[name].append(rate)
+    for name in tasks:
+        report[name]["env_steps_per_s"] = statistics.median(rates[name])
+    return report
+
+
 def worker(kind: str, devices: int, rounds: int, steps: int) -> dict[str, Any]:
     """Measures every variant that runs on `devices` forced devices; returns a JSON-able report."""
     import jax
