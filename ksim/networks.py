@@ -23,9 +23,14 @@ class MLP(nn.Module):
 
     @nn.compact
     def __call__(self, x: Array) -> Array:
+        # One row per sample: the weights' gradient of a dot over (envs, steps, features) contracts two axes,
+        # which XLA:CPU runs as a slow loop; on rows it is one matrix product (the hopper's update 2.3x faster).
+        lead = x.shape[:-1]
+        x = x.reshape(-1, x.shape[-1])
         for size in self.hidden_sizes:
             x = nn.tanh(nn.Dense(size, kernel_init=nn.initializers.orthogonal(jnp.sqrt(2.0)))(x))
-        return nn.Dense(self.out_size, kernel_init=nn.initializers.orthogonal(self.out_scale))(x)
+        x = nn.Dense(self.out_size, kernel_init=nn.initializers.orthogonal(self.out_scale))(x)
+        return x.reshape(*lead, self.out_size)
 
 
 class ActorCritic(nn.Module):
