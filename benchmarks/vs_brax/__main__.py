@@ -259,7 +259,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1, help="runs of each (framework, devices); medians are shown")
     parser.add_argument("--brax-python", type=Path, help="an existing Brax interpreter instead of .venv's")
     parser.add_argument(
-        "--physics-impl", choices=("jax", "mujoco"), default="jax", help="ksim's physics (Brax keeps MJX)"
+        "--physics-impl",
+        choices=("auto", "jax", "mujoco"),
+        default="auto",
+        help="ksim's physics: its default (C MuJoCo on CPU devices), MJX or C MuJoCo; Brax keeps MJX",
     )
     parser.add_argument("--results", type=Path, help="JSON file of finished runs: reused, and extended as runs end")
     args = parser.parse_args()

@@ -50,7 +50,7 @@ def main() -> None:
         actor_hidden=list(settings["hidden"]),
         critic_hidden=list(settings["hidden"]),
         seed=settings["seed"],
-        physics_impl=settings.get("physics_impl", "jax"),
+        physics_impl=settings.get("physics_impl", "auto"),
         compilation_cache_dir="",  # a cold compile on both sides (Brax keeps no persistent cache)
     )
     turns = Turns()
