@@ -4,9 +4,9 @@ Rewards: +1 per control step alive, the torso's forward speed (m/s) and a small 
 when the torso drops below 0.8 m or pitches over 0.2 rad, or after 10 s (500 steps): standing still returns at
 most 500, and a return over 1000 means more than 10 m forward. On a 2-core CPU
 
-    python -m examples.hopper                                       # train: ~4 min, 2M env steps
+    python -m examples.hopper                                       # train: ~75 s, 2M env steps
 
-passes an evaluation return of 1000 after about 1.4M env steps (~3 min) and ends near 1500 (~2 m/s, no falls).
+passes an evaluation return of 1000 after 1.3-2.0M env steps (about a minute) and ends near 1500 (~2 m/s).
 The same envs on 2 forced CPU devices, and a video of the trained policy (with MUJOCO_GL=egl or osmesa):
 
     XLA_FLAGS=--xla_force_host_platform_device_count=2 python -m examples.hopper

@@ -5,7 +5,7 @@ following a trot clock (`GaitPhase` tells the policy the clock), staying upright
 foot slip, distance from the standing pose, torques and action changes. An episode ends when the trunk
 drops below 0.15 m or tilts over 0.8 rad, or after 10 s. On a 2-core CPU
 
-    python -m examples.quadruped                        # train: ~4 min, 1.2M env steps
+    python -m examples.quadruped                        # train: ~2 min, 1.2M env steps
 
 passes an evaluation speed of 0.5 m/s after 0.3-0.6M env steps and ends near 1 m/s with no falls (3 seeds;
 the same on 2 forced CPU devices). A video of the trained policy (with MUJOCO_GL=egl or osmesa):

@@ -3,8 +3,8 @@
 Two presets, picked with `preset=` (other settings override the preset's as usual):
 
     python -m examples.walking                          # preset=cpu: walk forward at target_velocity, CPU-sized
-                                                        # (~36 min on a 2-core CPU: 9.2M env steps, ends near
-                                                        # 0.9 m/s without falls)
+                                                        # (~12 min on a 2-core CPU: 9.2M env steps, ends near
+                                                        # 0.8 m/s without falls)
     python -m examples.walking preset=gpu               # GPU-sized, for a real robot: track a random velocity
                                                         # command with domain randomization, pushes,
                                                         # observation noise and a one-step action delay
