@@ -13,9 +13,11 @@ the same on 2 forced CPU devices). A video of the trained policy (with MUJOCO_GL
     python -m examples.quadruped mode=eval load_from_ckpt_path=RUN/checkpoints/ckpt_latest.bin video_path=quad.gif
 
 `terrain=rough` trains on ksim's terrain grid (ksim.terrain, docs/terrain.md) with the terrain curriculum: 6
-levels of flat, rough, sloped and stepped 4 m tiles, a height scan in the observation, foot heights and the
-base-height termination measured against the terrain, and a constant forward velocity command (the
-curriculum compares the distance walked with the commanded one).
+levels of flat, rough, sloped and stepped 4 m tiles, a height scan in the observation, a privileged critic
+(the observations without noise, plus the base's height), foot heights and the base-height termination
+measured against the terrain, and a constant forward velocity command (the curriculum compares the distance
+walked with the commanded one). `terrain=rough num_steps=1500` (4.6M env steps, ~7 min alone on a 2-core CPU)
+ends falling in under 10% of the episodes at the middle level (2 seeds).
 """
 
 from collections.abc import Sequence

@@ -180,7 +180,7 @@ def test_a_task_on_a_refused_model_exits_2_with_one_line() -> None:
         "import mujoco\n"
         f"class Task(CartpoleTask):\n"
         f"    def get_mujoco_model(self): return mujoco.MjModel.from_xml_path({str(ASSETS / 'humanoid.xml')!r})\n"
-        "Task.launch(cartpole_config(), argv=[])\n"
+        "Task.launch(cartpole_config(), argv=['physics_impl=jax'])\n"
     )
     environment = {**os.environ, "PYTHONPATH": str(REPO / "tests")}
     result = subprocess.run(

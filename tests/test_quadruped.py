@@ -1,8 +1,10 @@
-"""The quadruped example: its model is what the README says, and it learns to move forward quickly.
+"""The quadruped example: its model is what the README says, it learns to move forward quickly, and on rough
+terrain its envs climb the curriculum.
 
-The slow test trains the README example, seeded, on one device for 100 of its train steps (307k env steps);
-the default run's evaluation at that step measured 0.64 m/s with one fall in ten episodes. The bar asks for
-a clear forward speed and fewer falls than episodes.
+The slow tests train the README examples, seeded, on one device. The flat one for 100 of its train steps
+(307k env steps): the default run's evaluation at that step measured 0.64 m/s with one fall in ten episodes,
+and the bar asks for a clear forward speed and fewer falls than episodes. The rough one for 200 (614k env
+steps), from level 0: its training envs' mean level must rise past 1 (of 0-5).
 """
 
 import dataclasses
@@ -91,3 +93,24 @@ def test_quadruped_moves_forward_after_a_short_training(tmp_path: Path) -> None:
     speed, fall_rate = float(np.mean(result.speed_x)), float(np.mean(result.fell))
     print(f"quadruped after {NUM_STEPS} train steps: base speed {speed:.2f} m/s, fall rate {fall_rate:.2f}")
     assert speed > SPEED_BAR and fall_rate < 1.0
+
+
+ROUGH_STEPS = 200
+LEVEL_BAR = 1.0  # of 0-5; both seeds of the README's run were at 1.7-1.8 after 150 train steps
+
+
+@pytest.mark.slow
+def test_rough_quadruped_climbs_the_curriculum(tmp_path: Path) -> None:
+    settings: dict[str, Any] = {
+        "terrain": "rough",
+        "num_devices": 1,
+        "num_steps": ROUGH_STEPS,
+        "eval_every_n_steps": 0,
+        "save_every_n_steps": 0,
+    }
+    task = QuadrupedTask(dataclasses.replace(DEFAULT_CONFIG, run_dir=str(tmp_path), **settings))
+    first_levels = np.asarray(task.init_train_state().env.terrain.level)
+    state = task.run()
+    mean_level = float(np.mean(np.asarray(state.env.terrain.level)))
+    print(f"rough quadruped after {ROUGH_STEPS} train steps: training envs' mean level {mean_level:.2f}")
+    assert first_levels.max() == 0 and mean_level > LEVEL_BAR
