@@ -59,7 +59,8 @@ class HopperTask(DistributedPPOTask[HopperConfig]):
         return TorqueActuators.from_model(self.engine.mj_model)
 
 
-# Many small minibatches (16 x 8 envs, 10 passes) per rollout: the physics, not the update, is what costs on a CPU.
+# Many small minibatches (16 x 8 envs, 10 passes) per rollout, chosen when MJX's physics was what cost on a CPU;
+# with native physics the update is about a third of a train step (docs/physics.md).
 DEFAULT_CONFIG = HopperConfig(
     num_envs=128,
     batch_size=8,
