@@ -81,7 +81,7 @@ def main() -> None:
     widths = (10, 14, 17, 16, 8, 18)
     print("".join(f"{text:>{width}}" for text, width in zip(header, widths, strict=True)))
     for task_name in args.tasks:
-        report = side_by_side(variants(task_name), args.rounds, args.steps)
+        report, _ = side_by_side(variants(task_name), args.rounds, args.steps)
         config = CARTPOLE_CONFIG if task_name == "cartpole" else WALKING_CONFIG
         off, on = report["off"], report["on"]
         row = (

@@ -42,7 +42,7 @@ def main() -> None:
         "mlp": build(0, args.num_envs, args.rollout_length),
         f"gru{args.recurrent_size}": build(args.recurrent_size, args.num_envs, args.rollout_length),
     }
-    report = side_by_side(tasks, args.rounds, args.steps)
+    report, _ = side_by_side(tasks, args.rounds, args.steps)
     (mlp, mlp_report), (gru, gru_report) = report.items()
     steps_per_train_step = tasks[mlp].env_steps_per_train_step
     mlp_s, gru_s = (steps_per_train_step / r["env_steps_per_s"] for r in (mlp_report, gru_report))

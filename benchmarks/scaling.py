@@ -64,9 +64,12 @@ def timed_steps(task: Any, state: Any, steps: int) -> tuple[Any, float]:
     return state, task.env_steps_per_train_step * steps / (time.perf_counter() - start)
 
 
-def side_by_side(tasks: dict[str, Any], rounds: int, steps: int) -> dict[str, dict[str, float]]:
+def side_by_side(
+    tasks: dict[str, Any], rounds: int, steps: int, warmup_steps: int = 1
+) -> tuple[dict[str, dict[str, float]], dict[str, Any]]:
     """Each task's first train step (compile_s) and its median env-steps/s over `rounds` rounds of `steps` train
-    steps, the tasks taking turns within each round so that load changes hit them alike."""
+    steps, the tasks taking turns within each round so that load changes hit them alike; and each task's last
+    train state."""
     import jax
 
     states, rates, report = {}, {name: [] for name in tasks}, {}
@@ -75,40 +78,25 @@ def side_by_side(tasks: dict[str, Any], rounds: int, steps: int) -> dict[str, di
         state, metrics = task.train_step(task.init_train_state())
         jax.block_until_ready(metrics)
         report[name] = {"compile_s": time.perf_counter() - start}
-        states[name], _ = timed_steps(task, state, 1)  # warm-up
+        states[name], _ = timed_steps(task, state, warmup_steps)
     for _ in range(rounds):
         for name, task in tasks.items():
             states[name], rate = timed_steps(task, states[name], steps)
             rates[name].append(rate)
     for name in tasks:
         report[name]["env_steps_per_s"] = statistics.median(rates[name])
-    return report
+    return report, states
 
 
 def worker(kind: str, devices: int, rounds: int, steps: int) -> dict[str, Any]:
     """Measures every variant that runs on `devices` forced devices; returns a JSON-able report."""
-    import jax
-
     variants: dict[str, int | None] = {f"DistributedPPOTask x{devices}": devices}
     if devices == 1:
         variants = {"PPOTask": None, **variants}
-    tasks, states, report = {}, {}, {}
-    for name, num_devices in variants.items():
-        task = make_task(kind, num_devices)
-        start = time.perf_counter()
-        state = task.init_train_state()
-        state, metrics = task.train_step(state)
-        jax.block_until_ready(metrics)
-        report[name] = {"compile_s": time.perf_counter() - start, "env_steps_per_s": []}
-        states[name], _ = timed_steps(task, state, 2)  # warm-up
-        tasks[name] = task
-    for _ in range(rounds):  # interleaved, so load changes hit every variant alike
-        for name, task in tasks.items():
-            states[name], rate = timed_steps(task, states[name], steps)
-            report[name]["env_steps_per_s"].append(rate)
+    tasks = {name: make_task(kind, num_devices) for name, num_devices in variants.items()}
+    report, states = side_by_side(tasks, rounds, steps, warmup_steps=2)
     for name, task in tasks.items():
-        entry = report[name]
-        entry["env_steps_per_s"] = statistics.median(entry["env_steps_per_s"])
+        entry: dict[str, Any] = report[name]
         entry["step_s"] = task.env_steps_per_train_step / entry["env_steps_per_s"]
         if hasattr(task, "check_replicas"):
             task.check_replicas(states[name], step=0)  # compile

@@ -16,17 +16,18 @@ import dataclasses
 import ksim  # noqa: F401  (sizes the CPU thread pool before JAX starts)
 from benchmarks.scaling import side_by_side
 from examples.quadruped import DEFAULT_CONFIG, QuadrupedTask
+from ksim.physics import PHYSICS_IMPLS
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--physics-impl", default=DEFAULT_CONFIG.physics_impl, help="auto, jax, warp or mujoco.")
+    parser.add_argument("--physics-impl", choices=PHYSICS_IMPLS, default=DEFAULT_CONFIG.physics_impl)
     parser.add_argument("--rounds", type=int, default=5, help="Alternating timing rounds (medians reported).")
     parser.add_argument("--steps", type=int, default=3, help="Train steps per timing round.")
     args = parser.parse_args()
     base = dataclasses.replace(DEFAULT_CONFIG, physics_impl=args.physics_impl, num_devices=1, compilation_cache_dir="")
     tasks = {terrain: QuadrupedTask(dataclasses.replace(base, terrain=terrain)) for terrain in ("flat", "rough")}
-    report = side_by_side(tasks, args.rounds, args.steps)
+    report, _ = side_by_side(tasks, args.rounds, args.steps)
     print(f"quadruped, {base.num_envs} envs x {base.rollout_length_frames} steps, physics_impl={args.physics_impl}")
     print(f"{'terrain':>8}{'env-steps/s':>13}{'compile s':>11}")
     for terrain, entry in report.items():

@@ -24,7 +24,7 @@ class MLP(nn.Module):
     @nn.compact
     def __call__(self, x: Array) -> Array:
         # One row per sample: the weights' gradient of a dot over (envs, steps, features) contracts two axes,
-        # which XLA:CPU runs as a slow loop; on rows it is one matrix product (the hopper's update 2.3x faster).
+        # which XLA:CPU runs as a slow loop; on rows it is one matrix product (the hopper's update about 2x faster).
         lead = x.shape[:-1]
         x = x.reshape(-1, x.shape[-1])
         for size in self.hidden_sizes:
