@@ -10,7 +10,8 @@ compilation cache), then timed repeats that alternate between the implementation
 - physics: `rollout_length` control steps of the envs through the engine alone, random actions through the
   task's actuators (its PD loop at every substep where it has one);
 - rollout: the task's rollout (policy, physics, observations, rewards, resets);
-- train step: rollout and update.
+- train step: rollout and update; with 'mujoco', also the time its physics callbacks took inside it (the
+  engine's `host_clock`: the same envs' physics, from the states and actions of training).
 Figures are medians over the repeats; the update's share is the train step's time minus the rollout's.
 """
 
@@ -84,7 +85,7 @@ class Runner:
     physics: Callable[[Any, Any], Any]
     data: Any
     times: dict[str, list[float]] = dataclasses.field(
-        default_factory=lambda: {"physics": [], "rollout": [], "train": []}
+        default_factory=lambda: {"physics": [], "rollout": [], "train": [], "train_physics": []}
     )
 
     def repeat(self, index: int) -> None:
@@ -96,10 +97,14 @@ class Runner:
         start = time.perf_counter()
         jax.block_until_ready(self.task.rollout(self.state.shared, self.state.env))
         self.times["rollout"].append(time.perf_counter() - start)
+        clock = getattr(self.task.engine, "host_clock", None)
+        host_before = clock.seconds if clock else 0.0
         start = time.perf_counter()
         self.state, metrics = self.task.train_step(self.state)
         jax.block_until_ready(metrics)
         self.times["train"].append(time.perf_counter() - start)
+        if clock:
+            self.times["train_physics"].append(clock.seconds - host_before)
 
 
 def build(task_class: type, config: Any, impl: str) -> Runner:
@@ -128,16 +133,18 @@ def report(name: str, runners: dict[str, Runner]) -> None:
     print(f"\n{name}: {envs} envs x {frames} control steps ({task.engine.num_substeps} substeps each), 1 device")
     print(
         "| physics_impl | cold start to first train step (s) | physics first call (s) | physics env-steps/s "
-        "| rollout env-steps/s | train env-steps/s | train step / physics alone | update share |"
+        "| rollout env-steps/s | train env-steps/s | train step / physics alone | train step / its own physics "
+        "| update share |"
     )
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
-    medians = {impl: {k: statistics.median(v) for k, v in r.times.items()} for impl, r in runners.items()}
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    medians = {impl: {k: statistics.median(v) for k, v in r.times.items() if v} for impl, r in runners.items()}
     for impl, runner in runners.items():
         m = medians[impl]
+        own = f"{m['train'] / m['train_physics']:.2f}" if "train_physics" in m else "-"
         print(
             f"| {impl} | {runner.cold_start_s:.1f} | {runner.physics_first_s:.1f} | {env_steps / m['physics']:,.0f} "
             f"| {env_steps / m['rollout']:,.0f} | {env_steps / m['train']:,.0f} | {m['train'] / m['physics']:.2f} "
-            f"| {(m['train'] - m['rollout']) / m['train']:.0%} |"
+            f"| {own} | {(m['train'] - m['rollout']) / m['train']:.0%} |"
         )
     for key in ("physics", "train"):
         print(f"mujoco / jax, {key} env-steps/s: {medians['jax'][key] / medians['mujoco'][key]:.2f}x")

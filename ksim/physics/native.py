@@ -23,6 +23,7 @@ import functools
 import math
 import os
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -164,6 +165,23 @@ class _Scratch:
         self.written = set(names)
 
 
+class HostClock:
+    """Seconds spent in the engine's host callbacks, summed over callers (pmap's shards overlap in time)."""
+
+    def __init__(self) -> None:
+        self._seconds = 0.0
+        self._lock = threading.Lock()
+
+    def add(self, seconds: float) -> None:
+        with self._lock:
+            self._seconds += seconds
+
+    @property
+    def seconds(self) -> float:
+        with self._lock:
+            return self._seconds
+
+
 T = TypeVar("T")
 
 
@@ -219,6 +237,12 @@ class NativeEngine(PhysicsEngine):
     def _shapes(self) -> dict[str, tuple[int, ...]]:
         return field_shapes(self.mj_model)
 
+    @functools.cached_property
+    def host_clock(self) -> HostClock:
+        """Time in the physics' host callbacks, the C MuJoCo steps and their copies in and out (benchmarks read
+        it to split a train step)."""
+        return HostClock()
+
     @property
     def _final_stage(self) -> int:
         stage = mujoco.mjtStage.mjSTAGE_ACC if self.has_acceleration_sensors else mujoco.mjtStage.mjSTAGE_VEL
@@ -226,21 +250,36 @@ class NativeEngine(PhysicsEngine):
 
     # ----- the host side -------------------------------------------------------------------------------------
 
+    def _offsets(self, names: tuple[str, ...]) -> list[tuple[str, int, int]]:
+        """(name, start, end) of each field in a packed row of `names`, each field flattened."""
+        ends = np.cumsum([math.prod(self._shapes[name]) for name in names])
+        return [
+            (name, int(end - math.prod(self._shapes[name])), int(end)) for name, end in zip(names, ends, strict=True)
+        ]
+
+    def _unpack_state(self, rows: np.ndarray) -> dict[str, np.ndarray]:
+        """The packed state rows (n, size) as each state field's (n, ...) view."""
+        n = rows.shape[0]
+        return {name: rows[:, a:b].reshape((n, *self._shapes[name])) for name, a, b in self._offsets(STATE)}
+
     def _host(
         self, nstep: int, final: bool, names: tuple[str, ...], outputs: tuple[str, ...], *arrays: np.ndarray
-    ) -> tuple[np.ndarray, ...]:
-        """Writes the envs' state and fields into a batch, runs `nstep` substeps (0: the forward stages only),
-        computes the stages at the final state if `final`, and reads `outputs` back (float32, in the callers'
-        leading shape)."""
+    ) -> np.ndarray:
+        """Writes the envs' packed state and their fields into a batch, runs `nstep` substeps (0: the forward
+        stages only), computes the stages at the final state if `final`, and reads `outputs` back packed in one
+        float32 row per env (in the callers' leading shape)."""
+        start = time.perf_counter()
         lead = arrays[0].shape[:-1]
         n = math.prod(lead)
-        state = [_flat(a, lead, n) for a in arrays[: len(STATE)]]
-        fields = {name: _flat(a, lead, n) for name, a in zip(names, arrays[len(STATE) :], strict=True)}
+        state = self._unpack_state(_flat(arrays[0], lead, n))
+        fields = {name: _flat(a, lead, n) for name, a in zip(names, arrays[1:], strict=True)}
         fields = with_subtree_mass(self.mj_model, fields)
+        offsets = self._offsets(outputs)
+        packed = np.empty((n, offsets[-1][2]), np.float32)
         failed: Sequence[int] = ()
         make = functools.partial(_Sims, self.mj_model, n, self.nthread)
         with self._batches.take(make, fits=lambda s: s.nsim >= n, cost=lambda s: s.nsim) as sims:
-            for name, values in zip(STATE, state, strict=True):
+            for name, values in state.items():
                 sims.arrays[name][:n] = values
             sims.write_fields(self.mj_model, n, fields)
             ids = None if n == sims.nsim else np.arange(n)
@@ -252,26 +291,31 @@ class NativeEngine(PhysicsEngine):
                     sims.batch.step(ids, nstep, stage)
             except mujoco.batch.SimulationError as error:
                 failed = list(error.ids)
-            results = [np.asarray(sims.arrays[name][:n], np.float32) for name in outputs]
+            for name, a, b in offsets:
+                packed[:, a:b] = sims.arrays[name][:n].reshape(n, b - a)
         if failed:  # MuJoCo refused to step them: a NaN state ends their episodes (`physics_diverged`)
-            for result in results:
-                result[np.asarray(failed)] = np.nan
-        return tuple(r.reshape((*lead, *self._shapes[name])) for r, name in zip(results, outputs, strict=True))
+            packed[np.asarray(failed)] = np.nan
+        self.host_clock.add(time.perf_counter() - start)
+        return packed.reshape((*lead, packed.shape[1]))
+
+    def _packed_state(self, data: NativeData) -> Array:
+        """One env's state in one float32 row: a callback's inputs and outputs cost per array crossed."""
+        return jnp.concatenate([jnp.ravel(jnp.asarray(getattr(data, name), jnp.float32)) for name in STATE])
 
     def _call(self, nstep: int, final: bool, data: NativeData, outputs: tuple[str, ...]) -> dict[str, Array]:
         names = tuple(sorted(data.fields))
         unknown = [name for name in names if name not in mujoco.batch.MODEL_FIELDS]
         if unknown:
             raise ConfigError(f"physics_impl='mujoco' cannot randomize the model fields {', '.join(unknown)}")
-        shapes = tuple(jax.ShapeDtypeStruct(self._shapes[name], jnp.float32) for name in outputs)
-        results = jax.pure_callback(
+        offsets = self._offsets(outputs)
+        packed = jax.pure_callback(
             functools.partial(self._host, nstep, final, names, outputs),
-            shapes,
-            *(jnp.asarray(getattr(data, name), jnp.float32) for name in STATE),
+            jax.ShapeDtypeStruct((offsets[-1][2],), jnp.float32),
+            self._packed_state(data),
             *(jnp.asarray(data.fields[name], jnp.float32) for name in names),
             vmap_method="broadcast_all",
         )
-        return dict(zip(outputs, results, strict=True))
+        return {name: packed[a:b].reshape(self._shapes[name]) for name, a, b in offsets}
 
     # ----- the engine interface ------------------------------------------------------------------------------
 
@@ -325,7 +369,7 @@ class NativeEngine(PhysicsEngine):
         table = jax.pure_callback(
             functools.partial(self._contacts_host, names),
             shapes,
-            *(jnp.asarray(getattr(data, name), jnp.float32) for name in STATE),
+            self._packed_state(data),
             *(jnp.asarray(data.fields[name], jnp.float32) for name in names),
             vmap_method="broadcast_all",
         )
@@ -337,14 +381,17 @@ class NativeEngine(PhysicsEngine):
 
     def _contacts_host(self, names: tuple[str, ...], *arrays: np.ndarray) -> tuple[np.ndarray, ...]:
         """Each env's contacts: `mj_forward` of its state in a model and data of the engine's own."""
+        start = time.perf_counter()
         lead = arrays[0].shape[:-1]
         n = math.prod(lead)
-        state = [_flat(a, lead, n) for a in arrays[: len(STATE)]]
-        by_name = {name: _flat(a, lead, n) for name, a in zip(names, arrays[len(STATE) :], strict=True)}
+        state = list(self._unpack_state(_flat(arrays[0], lead, n)).values())
+        by_name = {name: _flat(a, lead, n) for name, a in zip(names, arrays[1:], strict=True)}
         by_name = with_subtree_mass(self.mj_model, by_name)
         with self._scratches.take(functools.partial(_Scratch, self.mj_model)) as scratch:
             scratch.restore_except(self.mj_model, tuple(by_name))
-            return self._contact_table(scratch.model, scratch.data, state, list(by_name.items()), lead)
+            table = self._contact_table(scratch.model, scratch.data, state, list(by_name.items()), lead)
+        self.host_clock.add(time.perf_counter() - start)
+        return table
 
     def _contact_table(
         self,
