@@ -205,6 +205,18 @@ def test_a_control_that_reads_no_state_steps_all_substeps_in_one_call() -> None:
         np.testing.assert_array_equal(getattr(data, name), np.float32(getattr(expected, name)), err_msg=name)
 
 
+def test_the_host_clock_counts_the_steps_and_contacts_callbacks() -> None:
+    """`host_clock` (what benchmarks split a train step by) grows with each kind of host callback a program runs."""
+    mj_model = load_mujoco_model("hopper.xml")
+    engine = create_engine(mj_model, 0.02, 0.005, physics_impl="mujoco")
+    data = engine.make_data(jnp.asarray(engine.default_qpos), jnp.zeros(mj_model.nv))
+    torque = jnp.zeros(engine.action_dim)
+    for program in (lambda d: engine.step(d, lambda _: torque)[0].qpos, lambda d: engine.contacts(d).dist):
+        before = engine.host_clock.seconds
+        jax.block_until_ready(jax.jit(program)(data))
+        assert engine.host_clock.seconds > before
+
+
 def test_resuming_with_another_physics_impl_says_so_in_one_line() -> None:
     note = physics_impl_note({"physics_impl": "jax"}, {"physics_impl": "mujoco"})
     assert note is not None and "\n" not in note

@@ -172,9 +172,14 @@ class HostClock:
         self._seconds = 0.0
         self._lock = threading.Lock()
 
-    def add(self, seconds: float) -> None:
-        with self._lock:
-            self._seconds += seconds
+    @contextmanager
+    def timing(self) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._seconds += time.perf_counter() - start
 
     @property
     def seconds(self) -> float:
@@ -250,53 +255,63 @@ class NativeEngine(PhysicsEngine):
 
     # ----- the host side -------------------------------------------------------------------------------------
 
-    def _offsets(self, names: tuple[str, ...]) -> list[tuple[str, int, int]]:
+    def _offsets(self, names: tuple[str, ...]) -> tuple[tuple[str, int, int], ...]:
         """(name, start, end) of each field in a packed row of `names`, each field flattened."""
-        ends = np.cumsum([math.prod(self._shapes[name]) for name in names])
-        return [
-            (name, int(end - math.prod(self._shapes[name])), int(end)) for name, end in zip(names, ends, strict=True)
-        ]
+        sizes = [math.prod(self._shapes[name]) for name in names]
+        ends = np.cumsum(sizes)
+        return tuple((name, int(end - size), int(end)) for name, end, size in zip(names, ends, sizes, strict=True))
 
-    def _unpack_state(self, rows: np.ndarray) -> dict[str, np.ndarray]:
-        """The packed state rows (n, size) as each state field's (n, ...) view."""
-        n = rows.shape[0]
-        return {name: rows[:, a:b].reshape((n, *self._shapes[name])) for name, a, b in self._offsets(STATE)}
+    @functools.cached_property
+    def _state_offsets(self) -> tuple[tuple[str, int, int], ...]:
+        return self._offsets(STATE)
 
-    def _host(
-        self, nstep: int, final: bool, names: tuple[str, ...], outputs: tuple[str, ...], *arrays: np.ndarray
-    ) -> np.ndarray:
-        """Writes the envs' packed state and their fields into a batch, runs `nstep` substeps (0: the forward
-        stages only), computes the stages at the final state if `final`, and reads `outputs` back packed in one
-        float32 row per env (in the callers' leading shape)."""
-        start = time.perf_counter()
+    def _host_inputs(
+        self, names: tuple[str, ...], arrays: tuple[np.ndarray, ...]
+    ) -> tuple[tuple[int, ...], dict[str, np.ndarray], dict[str, np.ndarray]]:
+        """A callback's inputs, the packed state rows and then the randomized fields `names`: the callers' leading
+        shape, each state field's (n, ...) view, and each field's (n, ...) values (with `body_subtreemass`)."""
         lead = arrays[0].shape[:-1]
         n = math.prod(lead)
-        state = self._unpack_state(_flat(arrays[0], lead, n))
+        rows = _flat(arrays[0], lead, n)
+        state = {name: rows[:, a:b].reshape((n, *self._shapes[name])) for name, a, b in self._state_offsets}
         fields = {name: _flat(a, lead, n) for name, a in zip(names, arrays[1:], strict=True)}
-        fields = with_subtree_mass(self.mj_model, fields)
-        offsets = self._offsets(outputs)
-        packed = np.empty((n, offsets[-1][2]), np.float32)
-        failed: Sequence[int] = ()
-        make = functools.partial(_Sims, self.mj_model, n, self.nthread)
-        with self._batches.take(make, fits=lambda s: s.nsim >= n, cost=lambda s: s.nsim) as sims:
-            for name, values in state.items():
-                sims.arrays[name][:n] = values
-            sims.write_fields(self.mj_model, n, fields)
-            ids = None if n == sims.nsim else np.arange(n)
-            try:
-                if nstep == 0:
-                    sims.batch.forward(ids, self._final_stage)
-                else:
-                    stage = self._final_stage if final else int(mujoco.mjtStage.mjSTAGE_NONE)
-                    sims.batch.step(ids, nstep, stage)
-            except mujoco.batch.SimulationError as error:
-                failed = list(error.ids)
-            for name, a, b in offsets:
-                packed[:, a:b] = sims.arrays[name][:n].reshape(n, b - a)
-        if failed:  # MuJoCo refused to step them: a NaN state ends their episodes (`physics_diverged`)
-            packed[np.asarray(failed)] = np.nan
-        self.host_clock.add(time.perf_counter() - start)
-        return packed.reshape((*lead, packed.shape[1]))
+        return lead, state, with_subtree_mass(self.mj_model, fields)
+
+    def _host(
+        self,
+        nstep: int,
+        final: bool,
+        names: tuple[str, ...],
+        outputs: tuple[tuple[str, int, int], ...],
+        *arrays: np.ndarray,
+    ) -> np.ndarray:
+        """Writes the envs' packed state and their fields into a batch, runs `nstep` substeps (0: the forward
+        stages only), computes the stages at the final state if `final`, and reads the `outputs` fields back into
+        their places (`_offsets`) in one float32 row per env (in the callers' leading shape)."""
+        with self.host_clock.timing():
+            lead, state, fields = self._host_inputs(names, arrays)
+            n = math.prod(lead)
+            packed = np.empty((n, outputs[-1][2]), np.float32)
+            failed: Sequence[int] = ()
+            make = functools.partial(_Sims, self.mj_model, n, self.nthread)
+            with self._batches.take(make, fits=lambda s: s.nsim >= n, cost=lambda s: s.nsim) as sims:
+                for name, values in state.items():
+                    sims.arrays[name][:n] = values
+                sims.write_fields(self.mj_model, n, fields)
+                ids = None if n == sims.nsim else np.arange(n)
+                try:
+                    if nstep == 0:
+                        sims.batch.forward(ids, self._final_stage)
+                    else:
+                        stage = self._final_stage if final else int(mujoco.mjtStage.mjSTAGE_NONE)
+                        sims.batch.step(ids, nstep, stage)
+                except mujoco.batch.SimulationError as error:
+                    failed = list(error.ids)
+                for name, a, b in outputs:
+                    packed[:, a:b] = sims.arrays[name][:n].reshape(n, b - a)
+            if failed:  # MuJoCo refused to step them: a NaN state ends their episodes (`physics_diverged`)
+                packed[np.asarray(failed)] = np.nan
+            return packed.reshape((*lead, packed.shape[1]))
 
     def _packed_state(self, data: NativeData) -> Array:
         """One env's state in one float32 row: a callback's inputs and outputs cost per array crossed."""
@@ -309,7 +324,7 @@ class NativeEngine(PhysicsEngine):
             raise ConfigError(f"physics_impl='mujoco' cannot randomize the model fields {', '.join(unknown)}")
         offsets = self._offsets(outputs)
         packed = jax.pure_callback(
-            functools.partial(self._host, nstep, final, names, outputs),
+            functools.partial(self._host, nstep, final, names, offsets),
             jax.ShapeDtypeStruct((offsets[-1][2],), jnp.float32),
             self._packed_state(data),
             *(jnp.asarray(data.fields[name], jnp.float32) for name in names),
@@ -381,30 +396,23 @@ class NativeEngine(PhysicsEngine):
 
     def _contacts_host(self, names: tuple[str, ...], *arrays: np.ndarray) -> tuple[np.ndarray, ...]:
         """Each env's contacts: `mj_forward` of its state in a model and data of the engine's own."""
-        start = time.perf_counter()
-        lead = arrays[0].shape[:-1]
-        n = math.prod(lead)
-        state = list(self._unpack_state(_flat(arrays[0], lead, n)).values())
-        by_name = {name: _flat(a, lead, n) for name, a in zip(names, arrays[1:], strict=True)}
-        by_name = with_subtree_mass(self.mj_model, by_name)
-        with self._scratches.take(functools.partial(_Scratch, self.mj_model)) as scratch:
-            scratch.restore_except(self.mj_model, tuple(by_name))
-            table = self._contact_table(scratch.model, scratch.data, state, list(by_name.items()), lead)
-        self.host_clock.add(time.perf_counter() - start)
-        return table
+        with self.host_clock.timing():
+            lead, state, fields = self._host_inputs(names, arrays)
+            with self._scratches.take(functools.partial(_Scratch, self.mj_model)) as scratch:
+                scratch.restore_except(self.mj_model, tuple(fields))
+                return self._contact_table(scratch.model, scratch.data, state, list(fields.items()), lead)
 
     def _contact_table(
         self,
         model: mujoco.MjModel,
         mj_data: mujoco.MjData,
-        state: list[np.ndarray],
+        state: dict[str, np.ndarray],
         fields: list[tuple[str, np.ndarray]],
         lead: tuple[int, ...],
     ) -> tuple[np.ndarray, ...]:
         n = math.prod(lead)
-        by_state = dict(zip(STATE, state, strict=True))
         # Every env's state as one float64 row in the order of `mj_setState`'s spec (its elements by bit).
-        rows = np.concatenate([by_state[name].reshape(n, -1) for name in STATE_SPEC_ORDER], axis=1, dtype=np.float64)
+        rows = np.concatenate([state[name].reshape(n, -1) for name in STATE_SPEC_ORDER], axis=1, dtype=np.float64)
         found = _ContactLists()
         for env in range(n):
             for name, values in fields:
