@@ -562,6 +562,9 @@ class PhysicsEngine(ABC):
 
     physics_impl: ClassVar[str]
     no_contacts: ClassVar[str] = ""  # why components cannot read contacts with this implementation ("": they can)
+    # How many envs' episode starts one pooled-start refill computes, as a fraction of the shard's envs: MJX's
+    # reset costs per env, so a refill computes an eighth at a time (about the envs whose start was used).
+    refill_fraction: ClassVar[float] = 1 / 8
     mj_model: mujoco.MjModel
     ctrl_dt: float
     dt: float

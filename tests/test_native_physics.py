@@ -11,13 +11,14 @@ import jax.numpy as jnp
 import mujoco
 import numpy as np
 import pytest
-from helpers import DistributedBallTask, distributed_ball_config
+from helpers import DistributedBallTask, cartpole_config, distributed_ball_config
 from test_mjx_contract import NUM_ENVS, SUBSTEPS, contract_model, engine_run
 
+from examples.cartpole import CartpoleTask
 from ksim.config import ConfigError
 from ksim.engine import load_mujoco_model
 from ksim.physics import create_engine
-from ksim.physics.native import STATE, NativeData, reads_state
+from ksim.physics.native import STATE, NativeData, NativeEngine, reads_state
 from ksim.task.checkpointing import physics_impl_note
 
 MASS_SCALES = np.array([0.7, 1.4])
@@ -215,6 +216,29 @@ def test_the_host_clock_counts_the_steps_and_contacts_callbacks() -> None:
         before = engine.host_clock.seconds
         jax.block_until_ready(jax.jit(program)(data))
         assert engine.host_clock.seconds > before
+
+
+def test_a_refill_computes_every_used_start_in_one_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A native refill costs mostly its fixed part (the program around the callback, the crossing), so one call
+    computes every used start (MJX's refills take an eighth of the envs at a time), each the start that its env
+    and episode always get."""
+    calls: list[int] = []
+    host = NativeEngine._host
+
+    def counted(self: NativeEngine, nstep: int, *args: object) -> np.ndarray:
+        calls.append(nstep)
+        return host(self, nstep, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(NativeEngine, "_host", counted)
+    task = CartpoleTask(cartpole_config(physics_impl="mujoco"))
+    env = task.init_train_state().env
+    assert not np.any(np.asarray(env.next_start_ready))
+    filled = jax.jit(task.refill_next_starts)(env)
+    assert calls == [0]  # one forward call for all the envs
+    keys = jax.vmap(jax.random.fold_in)(env.reset_key, env.episodes_started)
+    expected = jax.vmap(task.environment.start_episode)(keys)
+    np.testing.assert_allclose(filled.next_start.obs, expected.obs, atol=1e-6)  # compiled apart: fused apart
+    np.testing.assert_allclose(filled.next_start.data.qpos, expected.data.qpos, atol=1e-6)
 
 
 def test_resuming_with_another_physics_impl_says_so_in_one_line() -> None:

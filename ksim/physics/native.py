@@ -229,6 +229,10 @@ class NativeEngine(PhysicsEngine):
     contact_rows: int = DEFAULT_CONTACT_ROWS
     nthread: int = 1
     physics_impl = "mujoco"
+    # A refill's cost is mostly its fixed part (the JAX program around the callback, the crossing), not the C
+    # forward calls: one refill of every env is cheaper than several chunks (hopper rollout 69 -> 59 ms early
+    # in training, when episodes are short).
+    refill_fraction = 1.0
 
     @property
     def field_defaults(self) -> ModelDefaults:

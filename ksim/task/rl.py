@@ -443,13 +443,14 @@ class RLTask(ABC, Generic[ConfigT]):
         return env.terrain.replace(level=jnp.where(ended, level, env.terrain.level))
 
     def refill_next_starts(self, env: EnvState) -> EnvState:
-        """Computes the next episode start of every env whose start was used, a chunk of envs at a time.
+        """Computes the next episode start of every env whose start was used, a chunk of envs at a time (the
+        engine's `refill_fraction` of them).
 
-        Only envs that need a start are reset (gathered by index), so the reset work is about one per
+        Only envs that need a start are reset (gathered by index), so with MJX the reset work is about one per
         ended episode, not one per env.
         """
         num_envs = env.next_start_ready.shape[0]
-        chunk = max(1, num_envs // 8)
+        chunk = max(1, round(num_envs * self.engine.refill_fraction))
 
         def refill_chunk(env: EnvState) -> EnvState:
             (index,) = jnp.nonzero(~env.next_start_ready, size=chunk, fill_value=num_envs)  # num_envs: no env
