@@ -230,8 +230,7 @@ class NativeEngine(PhysicsEngine):
     nthread: int = 1
     physics_impl = "mujoco"
     # A refill's cost is mostly its fixed part (the JAX program around the callback, the crossing), not the C
-    # forward calls: one refill of every env is cheaper than several chunks (hopper rollout 69 -> 59 ms early
-    # in training, when episodes are short).
+    # forward calls, so one refill of every env is cheaper than several chunks.
     refill_fraction = 1.0
 
     @property
