@@ -95,7 +95,7 @@ class Runner:
         self.data = jax.block_until_ready(self.physics(self.data, jax.random.PRNGKey(index)))
         self.times["physics"].append(time.perf_counter() - start)
         start = time.perf_counter()
-        jax.block_until_ready(self.task.rollout(self.state.shared, self.state.env))
+        jax.block_until_ready(self.task.programs["rollout"](self.state.shared, self.state.env))
         self.times["rollout"].append(time.perf_counter() - start)
         clock = getattr(self.task.engine, "host_clock", None)
         host_before = clock.seconds if clock else 0.0
@@ -122,7 +122,7 @@ def build(task_class: type, config: Any, impl: str) -> Runner:
     start = time.perf_counter()
     data = jax.block_until_ready(physics(data, jax.random.PRNGKey(0)))
     physics_first = time.perf_counter() - start
-    jax.block_until_ready(task.rollout(state.shared, state.env))  # compiles the rollout alone
+    jax.block_until_ready(task.programs["rollout"](state.shared, state.env))  # compiles the rollout alone
     return Runner(task, state, cold, physics_first, physics, data)
 
 

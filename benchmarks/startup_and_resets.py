@@ -35,12 +35,19 @@ def per_step_reset_task(base: type) -> type:
 
     from ksim.engine import PhysicsEngine
     from ksim.physics.mjx_jax import MjxJaxEngine
-    from ksim.task.rl import select_envs
+    from ksim.task.env_pool import EnvPool, select_envs
 
     class WholeForwardEngine(MjxJaxEngine):
         @property
         def has_acceleration_sensors(self) -> bool:
             return True  # makes `make_data` run the whole mjx.forward, as every reset did then
+
+    class PerStepResetPool(EnvPool):
+        def refill_if(self, needed: Any, env: Any) -> Any:
+            keys = jax.vmap(jax.random.fold_in)(env.reset_key, env.episodes_started)
+            fresh = jax.vmap(self.environment.start_episode)(keys)
+            next_start = select_envs(env.next_start_ready, env.next_start, fresh)
+            return env.replace(next_start=next_start, next_start_ready=jnp.ones_like(env.next_start_ready))
 
     class PerStepReset(base):  # type: ignore[misc, valid-type]
         def get_engine(self) -> PhysicsEngine:
@@ -48,11 +55,9 @@ def per_step_reset_task(base: type) -> type:
             fields = {field.name: getattr(engine, field.name) for field in dataclasses.fields(engine)}
             return WholeForwardEngine(**fields)
 
-        def refill_if(self, needed: Any, env: Any) -> Any:
-            keys = jax.vmap(jax.random.fold_in)(env.reset_key, env.episodes_started)
-            fresh = jax.vmap(self.environment.start_episode)(keys)
-            next_start = select_envs(env.next_start_ready, env.next_start, fresh)
-            return env.replace(next_start=next_start, next_start_ready=jnp.ones_like(env.next_start_ready))
+        def __init__(self, config: Any) -> None:
+            super().__init__(config)
+            self.env_pool = PerStepResetPool(self.environment, self.terrain_use)
 
     return PerStepReset
 
@@ -63,7 +68,7 @@ def rollout_rate(task: Any, state: Any, rollouts: int) -> float:
     env = state.env
     start = time.perf_counter()
     for _ in range(rollouts):
-        env, trajectory, _ = task.rollout(state.shared, env)
+        env, trajectory, _ = task.programs["rollout"](state.shared, env)
     jax.block_until_ready(trajectory)
     return task.env_steps_per_train_step * rollouts / (time.perf_counter() - start)
 
@@ -90,7 +95,7 @@ def resets(rounds: int) -> None:
     for policy, shared in policies.items():
         states = {name: task.init_train_state(shared) for name, task in tasks.items()}
         for name, task in tasks.items():  # compile, and let episodes spread out
-            jax.block_until_ready(task.rollout(states[name].shared, states[name].env))
+            jax.block_until_ready(task.programs["rollout"](states[name].shared, states[name].env))
         rates: dict[str, list[float]] = {name: [] for name in tasks}
         for _ in range(rounds):
             for name, task in tasks.items():

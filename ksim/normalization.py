@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import jax
 import jax.numpy as jnp
 from flax import struct
@@ -29,3 +31,17 @@ class Normalizer(struct.PyTreeNode):
         mean = self.mean + delta * batch_count / total
         m2 = self.var * self.count + batch_var * batch_count + jnp.square(delta) * self.count * batch_count / total
         return Normalizer(mean=mean, var=m2 / total, count=total)
+
+
+def fold_batch(
+    normalizer: Normalizer,
+    obs: Array,
+    cross_device_mean: Callable[[Array], Array],
+    cross_device_sum: Callable[[Array], Array],
+) -> Normalizer:
+    """Folds a batch of observations (last axis: features) into the statistics, over every device's part."""
+    flat = obs.reshape(-1, obs.shape[-1])
+    batch_mean = cross_device_mean(jnp.mean(flat, axis=0))
+    batch_var = cross_device_mean(jnp.mean(jnp.square(flat - batch_mean), axis=0))
+    batch_count = cross_device_sum(jnp.asarray(flat.shape[0], jnp.float32))
+    return normalizer.merge(batch_mean, batch_var, batch_count)

@@ -9,6 +9,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
+import numpy as np
+
 STDOUT_KEYS = (
     "episode_length",
     "policy_loss",
@@ -101,3 +103,17 @@ class MetricsLogger:
 def unique_names(names: Sequence[str]) -> list[str]:
     """Appends an index to repeated component names so each one is logged on its own."""
     return [name if names.count(name) == 1 else f"{name}_{names[:i].count(name)}" for i, name in enumerate(names)]
+
+
+def window_scalars(window: list[dict[str, Any]]) -> dict[str, float]:
+    """Host metrics of the train steps since the last log line: episode sums become means over the episodes
+    that finished in them; everything else is averaged over the steps."""
+    totals = {key: float(np.sum([np.asarray(metrics[key]) for metrics in window])) for key in window[0]}
+    finished = totals.pop("episodes_finished")
+    return_sum, length_sum = totals.pop("episode_return_sum"), totals.pop("episode_length_sum")
+    scalars = {key: value / len(window) for key, value in totals.items() if key != "terminations"}
+    scalars["episodes_finished"] = finished
+    scalars["terminations"] = totals["terminations"]
+    scalars["episode_return"] = return_sum / finished if finished else math.nan
+    scalars["episode_length"] = length_sum / finished if finished else math.nan
+    return scalars

@@ -6,6 +6,7 @@ W&B's own settings apply: `WANDB_MODE=offline` keeps the run in `RUN_DIR/wandb/`
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -35,3 +36,10 @@ class WandbRun:
 
     def finish(self) -> None:
         self.run.finish()
+
+
+def start_wandb(config: Any, task_name: str, run_dir: Path, job_type: str) -> WandbRun | None:
+    """The W&B run of logger=wandb (with the config, a dataclass), else None."""
+    if config.logger != "wandb":
+        return None
+    return WandbRun(run_dir, config.wandb_project, f"{task_name}/{run_dir.name}", dataclasses.asdict(config), job_type)

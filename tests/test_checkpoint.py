@@ -62,7 +62,7 @@ def test_round_trip_is_exact(trained: tuple) -> None:
     task, state, run_dir = trained
     checkpoints = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
     assert checkpoints == ["ckpt_00000002.bin", "ckpt_latest.bin"]  # no temp files left behind
-    contents = task.load_contents(run_dir / "checkpoints" / "ckpt_latest.bin")
+    contents = task.checkpoints.load(run_dir / "checkpoints" / "ckpt_latest.bin")
     assert_trees_equal(contents["shared"], task.fetch_replicated(state.shared))
     assert_trees_equal(contents["rng"], task.fetch_replicated(state.rng))
     assert int(contents["step"]) == 2
@@ -75,10 +75,10 @@ def test_resume_continues_counters_and_state(trained: tuple, tmp_path: Path) -> 
     ckpt = run_dir / "checkpoints" / "ckpt_latest.bin"
     resumed = CartpoleTask(cartpole_config(run_dir=str(tmp_path), num_steps=3, load_from_ckpt_path=str(ckpt)))
     state = resumed.run()
-    contents = resumed.load_contents(tmp_path / "checkpoints" / "ckpt_latest.bin")
+    contents = resumed.checkpoints.load(tmp_path / "checkpoints" / "ckpt_latest.bin")
     assert int(contents["step"]) == 3 and (tmp_path / "checkpoints" / "ckpt_00000003.bin").exists()
     assert int(contents["env_steps"]) == 3 * task.env_steps_per_train_step
-    before = task.load_contents(ckpt)
+    before = task.checkpoints.load(ckpt)
     # Training went on from the loaded params (one more step changed them), with the Adam count carried.
     assert not np.array_equal(
         jax.tree.leaves(before["shared"].params)[0], jax.tree.leaves(contents["shared"].params)[0]
@@ -93,15 +93,15 @@ def test_shape_mismatch_is_a_clear_error(trained: tuple) -> None:
     with pytest.raises(
         ConfigError, match=r"does not match the model: .*kernel has shape \(\d+, 16\) in the checkpoint but \(\d+, 8\)"
     ):
-        other.load_contents(run_dir / "checkpoints" / "ckpt_latest.bin")
+        other.checkpoints.load(run_dir / "checkpoints" / "ckpt_latest.bin")
     with pytest.raises(ConfigError, match="does not exist"):
-        other.load_contents(run_dir / "missing.bin")
+        other.checkpoints.load(run_dir / "missing.bin")
 
 
 def test_metadata_round_trip(trained: tuple) -> None:
     task, _, run_dir = trained
     metadata = load_metadata(run_dir / "checkpoints" / "ckpt_latest.bin")
-    assert metadata == task.checkpoint_metadata()
+    assert metadata == task.checkpoints.metadata
     assert metadata is not None and metadata["task"] == "CartpoleTask"
     assert metadata["observations"] == [["JointPosition", 1], ["JointVelocity", 2]]
     assert metadata["actions"] == {"names": ["slide"], "type": "TorqueActuators", "scale": 1.0}
@@ -113,13 +113,13 @@ def test_checkpoint_of_another_task_is_refused_naming_both(trained: tuple) -> No
     _, state, run_dir = trained
     ckpt = run_dir / "checkpoints" / "ckpt_latest.bin"
     with pytest.raises(ConfigError) as error:
-        HopperTask(cartpole_config()).load_contents(ckpt)
+        HopperTask(cartpole_config()).checkpoints.load(ckpt)
     message = str(error.value)
     assert message == (
         f"load_from_ckpt_path={str(ckpt)!r}: written by CartpoleTask, this is HopperTask "
         "(set allow_checkpoint_mismatch=true to load anyway)"
     )
-    allowed = HopperTask(cartpole_config(allow_checkpoint_mismatch=True)).load_contents(ckpt)
+    allowed = HopperTask(cartpole_config(allow_checkpoint_mismatch=True)).checkpoints.load(ckpt)
     assert_trees_equal(allowed["shared"], jax.device_get(state.shared))
 
 
@@ -127,25 +127,25 @@ def test_differing_observation_layout_is_refused(trained: tuple) -> None:
     _, _, run_dir = trained
     ckpt = run_dir / "checkpoints" / "ckpt_latest.bin"
     with pytest.raises(ConfigError, match=r"observations differ: the checkpoint has JointPosition\(1\), ") as error:
-        SwappedObservationsTask(cartpole_config()).load_contents(ckpt)
+        SwappedObservationsTask(cartpole_config()).checkpoints.load(ckpt)
     assert "SwappedObservationsTask has JointVelocity(2), JointPosition(1)" in str(error.value)
     assert "\n" not in str(error.value)
-    SwappedObservationsTask(cartpole_config(allow_checkpoint_mismatch=True)).load_contents(ckpt)
+    SwappedObservationsTask(cartpole_config(allow_checkpoint_mismatch=True)).checkpoints.load(ckpt)
 
 
 def test_override_still_refuses_mismatched_shapes(trained: tuple) -> None:
     _, _, run_dir = trained
     other = CartpoleTask(cartpole_config(actor_hidden=[8, 8], allow_checkpoint_mismatch=True))
     with pytest.raises(ConfigError, match="does not match the model"):
-        other.load_contents(run_dir / "checkpoints" / "ckpt_latest.bin")
+        other.checkpoints.load(run_dir / "checkpoints" / "ckpt_latest.bin")
 
 
 def test_checkpoint_without_metadata_is_refused_unless_allowed(trained: tuple, tmp_path: Path) -> None:
     task, _, run_dir = trained
     old = save_checkpoint(tmp_path / "old.bin", read_checkpoint(run_dir / "checkpoints" / "ckpt_latest.bin")[0])
     with pytest.raises(ConfigError, match=r"has no metadata \(written by an older ksim\) \(set allow_checkpoint_"):
-        task.load_contents(old)
-    loaded = CartpoleTask(cartpole_config(allow_checkpoint_mismatch=True)).load_contents(old)
+        task.checkpoints.load(old)
+    loaded = CartpoleTask(cartpole_config(allow_checkpoint_mismatch=True)).checkpoints.load(old)
     assert int(loaded["step"]) == 2
 
 
@@ -170,7 +170,7 @@ def test_unreadable_files_are_one_line_config_errors(
     path = tmp_path / "bad.bin"
     path.write_bytes(content)  # type: ignore[arg-type]
     with pytest.raises(ConfigError) as error:
-        task.load_contents(path)
+        task.checkpoints.load(path)
     message = str(error.value)
     assert message.startswith(f"load_from_ckpt_path={str(path)!r} {rule}") and "\n" not in message
 
@@ -180,7 +180,7 @@ def test_metadata_of_another_kind_is_refused(trained: tuple, tmp_path: Path) -> 
     state_dict, _ = read_checkpoint(run_dir / "checkpoints" / "ckpt_latest.bin")
     path = save_checkpoint(tmp_path / "odd.bin", state_dict, {"task": "CartpoleTask"})
     with pytest.raises(ConfigError, match="has metadata without observations, actions \\(not a task's checkpoint\\)"):
-        task.load_contents(path)
+        task.checkpoints.load(path)
 
 
 def test_keep_last_n_checkpoints_prunes_old_numbered_ones(trained: tuple, tmp_path: Path) -> None:
@@ -190,12 +190,12 @@ def test_keep_last_n_checkpoints_prunes_old_numbered_ones(trained: tuple, tmp_pa
     stale.parent.mkdir()
     stale.write_bytes(b"half a checkpoint")
     for step in range(1, 7):
-        task.save(tmp_path, state, step, step * 10)
+        task.checkpoints.save(tmp_path, state, step, step * 10)
     names = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
     assert names == ["ckpt_00000004.bin", "ckpt_00000005.bin", "ckpt_00000006.bin", "ckpt_latest.bin"]
-    assert int(task.load_contents(tmp_path / "checkpoints" / "ckpt_latest.bin")["step"]) == 6
+    assert int(task.checkpoints.load(tmp_path / "checkpoints" / "ckpt_latest.bin")["step"]) == 6
     for step in range(7, 9):  # 0 keeps all
-        CartpoleTask(cartpole_config(keep_last_n_checkpoints=0)).save(tmp_path, state, step, 0)
+        CartpoleTask(cartpole_config(keep_last_n_checkpoints=0)).checkpoints.save(tmp_path, state, step, 0)
     assert len(list((tmp_path / "checkpoints").glob("ckpt_0*.bin"))) == 5
     assert prune_checkpoints(tmp_path / "checkpoints", 1) == [
         tmp_path / "checkpoints" / f"ckpt_{step:08d}.bin" for step in range(4, 8)

@@ -10,6 +10,7 @@ from helpers import DistributedCartpoleTask, cartpole_config, distributed_cartpo
 
 from examples.cartpole import DEFAULT_CONFIG, CartpoleTask
 from ksim.config import ConfigError, help_text, parse_command_line, parse_overrides
+from ksim.modes import check as check_mode
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -39,8 +40,10 @@ ROOT = Path(__file__).resolve().parents[1]
     ],
 )
 def test_single_device_rules(overrides: dict, message: str) -> None:
+    config = cartpole_config(**overrides)
     with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")):
-        CartpoleTask(cartpole_config(**overrides))
+        check_mode(config)  # as launch and run do: the mode's own rules, then the task's
+        CartpoleTask(config)
 
 
 @pytest.mark.parametrize(
@@ -135,7 +138,7 @@ def test_episode_length_in_steps_and_gradient_clipping_off() -> None:
     import optax
 
     task = CartpoleTask(cartpole_config(episode_length_s=None, episode_length_steps=123, max_grad_norm=0.0))
-    assert task.max_episode_steps == 123
+    assert task.environment.settings.max_episode_steps == 123
     params = {"w": jnp.zeros(3)}
     huge = {"w": jnp.full(3, 1e6)}
     updates, _ = task.optimizer.update(huge, task.optimizer.init(params), params)

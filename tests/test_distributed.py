@@ -39,7 +39,7 @@ def single() -> CartpoleTask:
 @pytest.fixture(scope="module")
 def rollout_data(single: CartpoleTask) -> tuple:
     state = single.init_train_state()
-    _, trajectory, _ = single.rollout(state.shared, state.env)
+    _, trajectory, _ = single.programs["rollout"](state.shared, state.env)
     return jax.device_get(state.shared), jax.device_get(trajectory)
 
 
@@ -49,14 +49,14 @@ def test_update_on_n_devices_equals_single_device_update(
 ) -> None:
     shared, trajectory = rollout_data
     rng = jax.random.PRNGKey(7)
-    expected, expected_metrics = single.update(shared, trajectory, rng)
+    expected, expected_metrics = single.programs["update"](shared, trajectory, rng)
 
     task = DistributedCartpoleTask(distributed_cartpole_config(**ONE_MINIBATCH, num_devices=num_devices))
     # Trajectories are time-major (T, E, ...): shard the env axis, then put the device axis first.
     env_major = jax.tree.map(lambda x: np.swapaxes(x, 0, 1), trajectory)
     per_device = jax.tree.map(lambda x: np.swapaxes(x, 1, 2), shard_env_axis(env_major, num_devices))
     placed = put_sharded(per_device, task.devices, task.axis_name)
-    result, metrics = task.update(task.place_replicated(shared), placed, task.place_replicated(rng))
+    result, metrics = task.programs["update"](task.place_replicated(shared), placed, task.place_replicated(rng))
 
     assert relative_error(task.fetch_replicated(result), jax.device_get(expected)) < 1e-5
     assert relative_error(task.fetch_replicated(metrics)["loss"], expected_metrics["loss"]) < 1e-5
@@ -148,7 +148,7 @@ def test_checkpoints_move_between_device_counts_and_to_ppo_task(tmp_path: Path) 
     ckpt = tmp_path / "four" / "checkpoints" / "ckpt_latest.bin"
 
     single = CartpoleTask(cartpole_config())
-    contents = single.load_contents(ckpt)
+    contents = single.checkpoints.load(ckpt)
     assert relative_error(contents["shared"], four.fetch_replicated(four_state.shared)) == 0
     returns = single.evaluate(contents["shared"], num_episodes=2).returns
     assert returns.shape == (2,)
@@ -161,7 +161,7 @@ def test_checkpoints_move_between_device_counts_and_to_ppo_task(tmp_path: Path) 
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)  # no divergence warnings on resume
         two_state = two.run()
-    resumed = two.load_contents(tmp_path / "two" / "checkpoints" / "ckpt_latest.bin")
+    resumed = two.checkpoints.load(tmp_path / "two" / "checkpoints" / "ckpt_latest.bin")
     assert int(resumed["step"]) == 3
     assert two.replica_divergences(two_state) == []
 

@@ -23,7 +23,7 @@ def state(task: CartpoleTask) -> TrainState:
 
 @pytest.fixture(scope="module")
 def step_shard(task: CartpoleTask):
-    return jax.jit(task.step_shard)
+    return jax.jit(task.env_pool.step)
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +73,7 @@ def test_terminated_env_starts_its_next_episode_and_others_go_on(task, state, ru
 
 
 def test_next_start_is_the_pooled_state_for_that_env_and_episode(task, state, running, step_shard) -> None:
-    ready = task.refill_next_starts(running)
+    ready = task.env_pool.refill_next_starts(running)
     ended_env, _ = step_shard(state.shared, tipped(ready))
     next_env, transition = step_shard(state.shared, ended_env)
     np.testing.assert_array_equal(transition.trajectory.obs[0], ready.next_start.obs[0])  # no reset physics here
@@ -101,7 +101,9 @@ def test_episode_starts_differ_per_env_and_per_episode(state, step_shard) -> Non
 
 def test_truncation_at_episode_length(task, state, running, step_shard) -> None:
     current = running.current
-    current = current.replace(episode_length=jnp.full_like(current.episode_length, task.max_episode_steps - 1))
+    current = current.replace(
+        episode_length=jnp.full_like(current.episode_length, task.environment.settings.max_episode_steps - 1)
+    )
     next_env, transition = step_shard(state.shared, running.replace(current=current))
     truncated = np.asarray(transition.trajectory.truncated)
     terminated = np.asarray(transition.trajectory.terminated)
@@ -111,20 +113,20 @@ def test_truncation_at_episode_length(task, state, running, step_shard) -> None:
 
 def test_rollout_shapes_and_finite_values(task: CartpoleTask, state: TrainState) -> None:
     config = task.config
-    env, trajectory, metrics = task.rollout(state.shared, state.env)
+    env, trajectory, metrics = task.programs["rollout"](state.shared, state.env)
     steps, envs = config.rollout_length_frames, config.num_envs
-    assert trajectory.obs.shape == (steps, envs, task.observation_dim) == trajectory.next_obs.shape
-    assert task.observation_dim == 3  # pole angle, cart and pole velocities
+    assert trajectory.obs.shape == (steps, envs, task.environment.observation_dim) == trajectory.next_obs.shape
+    assert task.environment.observation_dim == 3  # pole angle, cart and pole velocities
     assert trajectory.action.shape == (steps, envs, 1)
     assert trajectory.reward.shape == trajectory.terminated.shape == trajectory.truncated.shape == (steps, envs)
-    assert isinstance(env, EnvState) and env.obs.shape == (envs, task.observation_dim)
+    assert isinstance(env, EnvState) and env.obs.shape == (envs, task.environment.observation_dim)
     for leaf in jax.tree.leaves((trajectory, metrics)):
         assert np.all(np.isfinite(np.asarray(leaf, dtype=np.float64)))
     assert set(metrics) >= {"reward/StayAlive", "reward/total", "episodes_finished"}
 
 
 def test_first_starts_are_randomised_per_env(task: CartpoleTask, state: TrainState) -> None:
-    qpos = np.asarray(task.refill_next_starts(state.env).next_start.data.qpos)
+    qpos = np.asarray(task.env_pool.refill_next_starts(state.env).next_start.data.qpos)
     assert qpos.shape == (task.config.num_envs, 2)
     assert len(np.unique(qpos[:, 1])) == task.config.num_envs
     assert np.all(np.abs(qpos) <= 0.05 + 1e-6)

@@ -16,6 +16,8 @@ from helpers import cartpole_config, onnxruntime_snippet
 from examples.cartpole import CartpoleTask
 from ksim.config import ConfigError
 from ksim.export import PolicyInput, load_policy_spec
+from ksim.modes import check as check_mode
+from ksim.modes.export import deterministic_step
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -29,7 +31,7 @@ def exported(tmp_path_factory: pytest.TempPathFactory) -> tuple[CartpoleTask, di
     onnx_path = run_dir / "export" / "policy.onnx"
     task = CartpoleTask(cartpole_config(mode="export", load_from_ckpt_path=ckpt, export_path=str(onnx_path)))
     assert task.run() == onnx_path
-    return task, task.load_contents(ckpt), onnx_path
+    return task, task.checkpoints.load(ckpt), onnx_path
 
 
 @pytest.fixture(scope="module")
@@ -37,12 +39,12 @@ def recorded_observations(exported: tuple) -> np.ndarray:
     """Raw observations of a short stochastic rollout of the checkpoint's policy (8 envs x 8 steps)."""
     task, contents, _ = exported
     state = task.init_train_state(contents["shared"], contents["rng"])
-    _, trajectory, _ = task.rollout(state.shared, state.env)
-    return np.asarray(trajectory.obs).reshape(-1, task.observation_dim)
+    _, trajectory, _ = task.programs["rollout"](state.shared, state.env)
+    return np.asarray(trajectory.obs).reshape(-1, task.environment.observation_dim)
 
 
 def jax_actions(task: CartpoleTask, contents: dict, observations: np.ndarray) -> np.ndarray:
-    (actions,) = task.deterministic_step(contents["shared"])(jnp.asarray(observations))
+    (actions,) = deterministic_step(task, contents["shared"])(jnp.asarray(observations))
     return np.asarray(actions)
 
 
@@ -63,7 +65,7 @@ def test_policy_json_names_inputs_and_actions(exported: tuple) -> None:
     task, _, onnx_path = exported
     spec = load_policy_spec(onnx_path.with_suffix(".json"))
     assert spec.inputs == [PolicyInput("JointPosition", 1), PolicyInput("JointVelocity", 2)]
-    assert spec.observation_size == task.observation_dim == 3
+    assert spec.observation_size == task.environment.observation_dim == 3
     assert spec.actuators == ["slide"] and spec.action_size == 1 and spec.action_scale == 1.0
     assert spec.actuator_type == "TorqueActuators" and "motor control" in spec.action_meaning
     assert spec.task == "CartpoleTask" and spec.ctrl_dt == 0.02 and spec.onnx_file == "policy.onnx"
@@ -109,8 +111,10 @@ def test_load_policy_spec_refuses_other_files(tmp_path: Path) -> None:
     ],
 )
 def test_bad_export_settings_fail_before_anything_is_built(overrides: dict, message: str) -> None:
+    config = cartpole_config(**overrides)
     with pytest.raises(ConfigError) as error:
-        CartpoleTask(cartpole_config(**overrides))  # validate_config runs before the engine or a compile
+        check_mode(config)  # the mode's rules, then validate_config: both before the engine or a compile
+        CartpoleTask(config)
     assert str(error.value) == message
 
 

@@ -48,7 +48,7 @@ def task() -> MemoryTask:
 @pytest.fixture(scope="module")
 def rollout(task: MemoryTask) -> tuple:
     state = task.init_train_state()
-    _, trajectory, _ = task.rollout(state.shared, state.env)
+    _, trajectory, _ = task.programs["rollout"](state.shared, state.env)
     return jax.device_get(state.shared), jax.device_get(trajectory)
 
 
@@ -124,7 +124,7 @@ def test_minibatch_update_is_a_free_function(task: MemoryTask, rollout: tuple) -
 def test_update_on_n_devices_equals_single_device_update(task: MemoryTask, rollout: tuple, num_devices: int) -> None:
     shared, trajectory = rollout
     rng = jax.random.PRNGKey(7)
-    expected, expected_metrics = task.update(shared, trajectory, rng)
+    expected, expected_metrics = task.programs["update"](shared, trajectory, rng)
 
     distributed = DistributedMemoryTask(distributed_memory_config(**MEMORY_POLICY, num_devices=num_devices))
     env_major = jax.tree.map(lambda x: np.swapaxes(x, 0, 1), trajectory)
@@ -183,7 +183,7 @@ def test_critic_observation_needing_a_missing_command_is_refused() -> None:
 
 def checkpoint_of(task: MemoryTask, path: Path) -> Path:
     """A checkpoint file with `task`'s metadata (its contents do not matter: the metadata is refused first)."""
-    return save_checkpoint(path, {"step": np.asarray(0)}, task.checkpoint_metadata())
+    return save_checkpoint(path, {"step": np.asarray(0)}, task.checkpoints.metadata)
 
 
 @pytest.mark.parametrize(
@@ -204,11 +204,11 @@ def test_checkpoints_refuse_another_memory_or_critic_layout(
 ) -> None:
     path = checkpoint_of(MemoryTask(memory_config(**written)), tmp_path / "ckpt.bin")
     with pytest.raises(ConfigError) as error:
-        MemoryTask(memory_config(**loaded)).load_contents(path)
+        MemoryTask(memory_config(**loaded)).checkpoints.load(path)
     assert message in str(error.value) and "\n" not in str(error.value)
     if "recurrent_size" in message:  # a memory mismatch cannot be overridden: the networks differ
         with pytest.raises(ConfigError, match="recurrent_size=0 in the checkpoint"):
-            MemoryTask(memory_config(**loaded, allow_checkpoint_mismatch=True)).load_contents(path)
+            MemoryTask(memory_config(**loaded, allow_checkpoint_mismatch=True)).checkpoints.load(path)
 
 
 @pytest.fixture(scope="module")
@@ -224,7 +224,7 @@ def exported(tmp_path_factory: pytest.TempPathFactory) -> tuple[MemoryTask, Shar
     normalizer = shared.normalizer.replace(mean=shared.normalizer.mean + 0.2, var=shared.normalizer.var * 3.0)
     shared = shared.replace(params=jax.tree.unflatten(treedef, noisy), normalizer=normalizer)
     contents = checkpoint_contents(shared, jax.random.PRNGKey(0), 0, 0)
-    ckpt = save_checkpoint(directory / "ckpt.bin", contents, writer.checkpoint_metadata())
+    ckpt = save_checkpoint(directory / "ckpt.bin", contents, writer.checkpoints.metadata)
     onnx_path = directory / "policy.onnx"
     exporter = MemoryTask(
         memory_config(**settings, mode="export", load_from_ckpt_path=str(ckpt), export_path=str(onnx_path))

@@ -49,7 +49,7 @@ def test_two_processes_match_one_process_with_as_many_devices(tmp_path: Path) ->
 
     reference = DistributedCartpoleTask(distributed_cartpole_config(num_devices=4, num_steps=3))
     expected = reference.fetch_replicated(reference.run().shared)
-    loaded = reference.load_contents(tmp_path / "multi" / "checkpoints" / "ckpt_latest.bin")
+    loaded = reference.checkpoints.load(tmp_path / "multi" / "checkpoints" / "ckpt_latest.bin")
     assert int(loaded["step"]) == 3
     for got, want in zip(jax.tree.leaves(loaded["shared"]), jax.tree.leaves(expected), strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)

@@ -65,7 +65,7 @@ def wait_for_line(processes: list[subprocess.Popen[str]], pattern: str, seen: li
 
 
 def shared_params(task: DistributedCartpoleTask, path: Path) -> tuple[int, list[np.ndarray]]:
-    loaded = task.load_contents(path)
+    loaded = task.checkpoints.load(path)
     return int(loaded["step"]), [np.asarray(leaf) for leaf in jax.tree.leaves(loaded["shared"])]
 
 

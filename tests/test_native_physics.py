@@ -233,7 +233,7 @@ def test_a_refill_computes_every_used_start_in_one_call(monkeypatch: pytest.Monk
     task = CartpoleTask(cartpole_config(physics_impl="mujoco"))
     env = task.init_train_state().env
     assert not np.any(np.asarray(env.next_start_ready))
-    filled = jax.jit(task.refill_next_starts)(env)
+    filled = jax.jit(task.env_pool.refill_next_starts)(env)
     assert calls == [0]  # one forward call for all the envs
     keys = jax.vmap(jax.random.fold_in)(env.reset_key, env.episodes_started)
     expected = jax.vmap(task.environment.start_episode)(keys)

@@ -9,8 +9,7 @@ import numpy as np
 
 from ksim.plot import main as plot_main
 from ksim.plot import series
-from ksim.reporting import format_duration, format_line
-from ksim.task.rl import RLTask
+from ksim.reporting import format_duration, format_line, window_scalars
 
 
 def step_metrics(finished: float, return_sum: float, loss: float) -> dict[str, np.ndarray]:
@@ -24,7 +23,7 @@ def step_metrics(finished: float, return_sum: float, loss: float) -> dict[str, n
 
 
 def test_window_of_steps_is_aggregated() -> None:
-    scalars = RLTask.scalars([step_metrics(2, 10.0, 1.0), step_metrics(0, 0.0, 3.0), step_metrics(3, 35.0, 2.0)])
+    scalars = window_scalars([step_metrics(2, 10.0, 1.0), step_metrics(0, 0.0, 3.0), step_metrics(3, 35.0, 2.0)])
     assert scalars["episodes_finished"] == 5 and scalars["terminations"] == 5
     assert scalars["episode_return"] == 9.0  # (10 + 35) / 5 episodes, not a mean of per-step means
     assert scalars["episode_length"] == 10.0
@@ -32,7 +31,7 @@ def test_window_of_steps_is_aggregated() -> None:
 
 
 def test_no_finished_episode_is_nan_not_zero() -> None:
-    scalars = RLTask.scalars([step_metrics(0, 0.0, 1.0)])
+    scalars = window_scalars([step_metrics(0, 0.0, 1.0)])
     assert math.isnan(scalars["episode_return"]) and math.isnan(scalars["episode_length"])
 
 

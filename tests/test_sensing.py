@@ -319,7 +319,7 @@ def test_components_resolve_their_names_once_when_the_task_is_built(monkeypatch:
         DEFAULT_CONFIG, num_envs=4, batch_size=4, compilation_cache_dir="", physics_impl="mujoco"
     )
     task = SpotTask(config)
-    assert task.observations[0].span == task.engine.layout.sensor("gyro", "test")  # type: ignore[attr-defined]
+    assert task.components.observations[0].span == task.engine.layout.sensor("gyro", "test")  # type: ignore[attr-defined]
 
     def searched(*_: Any) -> None:
         raise AssertionError("a component searched a name list after the task was built")
@@ -332,7 +332,7 @@ def test_components_resolve_their_names_once_when_the_task_is_built(monkeypatch:
         lambda rng: environment.start_episode(rng, policy_state=task.initial_policy_state()), jax.random.PRNGKey(0)
     )
     _, transition = jax.eval_shape(environment.step_env, shared, episode)
-    assert set(transition.reward_terms) == set(task.reward_names)
+    assert set(transition.reward_terms) == set(task.components.reward_names)
 
 
 def test_a_component_used_unbound_says_so(moving: Moving) -> None:

@@ -22,8 +22,8 @@ SHORT_EPISODES = {"episode_length_s": None, "episode_length_steps": 3}
 def rollout_on(num_devices: int) -> tuple:
     task = DistributedCartpoleTask(distributed_cartpole_config(num_devices=num_devices, **SHORT_EPISODES))
     state = task.init_train_state()
-    env, first, _ = task.rollout(state.shared, state.env)
-    env, second, _ = task.rollout(state.shared, env)
+    env, first, _ = task.programs["rollout"](state.shared, state.env)
+    env, second, _ = task.programs["rollout"](state.shared, env)
     # (devices, T, envs per device, ...) -> (T, envs, ...)
     trajectories = [jax.tree.map(lambda x: np.concatenate(list(np.asarray(x)), axis=1), t) for t in (first, second)]
     return unshard_env_axis(jax.device_get(env)), trajectories
@@ -51,7 +51,7 @@ def test_evaluation_stops_when_every_episode_has_ended() -> None:
     state = task.init_train_state()
     stats, qpos, steps = jax.device_get(task.evaluator.program(*task.evaluator.inputs(state.shared)))
     returns, lengths = stats.returns, stats.lengths
-    assert task.max_episode_steps == 500
+    assert task.environment.settings.max_episode_steps == 500
     assert int(steps) == int(np.max(lengths)) < 500  # the untrained policy drops the pole long before 10 s
     np.testing.assert_allclose(returns, lengths)  # +1 per step
     assert np.all(qpos[int(steps) :] == 0) and np.all(qpos[: int(steps), 1] != 0)  # recorded while running

@@ -64,3 +64,25 @@ def test_the_cycle_finder_finds_a_type_checking_cycle() -> None:
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
     assert find_cycle(graph) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_the_task_layer_imports_nothing_above_it() -> None:
+    """Nothing under ksim/task/ imports a mode, the viewer or a benchmark (modes take a built task)."""
+    graph = import_graph()
+
+    def above(dep: str) -> bool:
+        return dep in ("ksim.viewer", "ksim.viewer_sim") or dep.startswith(("ksim.modes", "benchmarks"))
+
+    for module, deps in graph.items():
+        if module.startswith("ksim.task."):
+            assert not [dep for dep in deps if above(dep)], module
+
+
+def test_rl_task_keeps_what_a_task_defines() -> None:
+    """RLTask stays the task's definition and its programs: at most 400 lines and 45 methods."""
+    path = PACKAGE / "task" / "rl.py"
+    source = path.read_text()
+    (task_class,) = [n for n in ast.parse(source).body if isinstance(n, ast.ClassDef) and n.name == "RLTask"]
+    methods = [n for n in task_class.body if isinstance(n, ast.FunctionDef)]
+    assert len(source.splitlines()) <= 400
+    assert len(methods) <= 45

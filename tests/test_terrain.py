@@ -277,9 +277,9 @@ def test_rough_quadruped_touches_the_terrain_with_its_feet_only() -> None:
     pairs = {tuple(sorted((g1, g2))) for g1, g2, _ in collision_pairs(model)}
     feet = sorted(mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_GEOM, foot) for foot in FEET)
     assert pairs == {tuple(sorted((terrain, foot))) for foot in feet}
-    scan = next(o for o in task.observations if isinstance(o, obs.HeightScan))
+    scan = next(o for o in task.components.observations if isinstance(o, obs.HeightScan))
     assert scan.points.shape == (11 * 7, 2)
-    critic_scan = next(o for o in task.critic_observations or () if isinstance(o, obs.HeightScan))
+    critic_scan = next(o for o in task.components.critic_observations or () if isinstance(o, obs.HeightScan))
     assert critic_scan.points.shape == scan.points.shape  # the critic sees it too (never noised)
     with pytest.raises(ConfigError, match=r"terrain='bumpy' must be 'flat' or 'rough'"):
         QuadrupedTask(dataclasses.replace(DEFAULT_CONFIG, terrain="bumpy"))

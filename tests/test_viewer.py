@@ -17,6 +17,7 @@ from helpers import cartpole_config
 
 from examples.cartpole import CartpoleTask
 from ksim.geom_mesh import box_mesh, capsule_mesh, cylinder_mesh, geom_mesh
+from ksim.modes.view import make_viewer
 from ksim.viewer_settings import command_ranges
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -44,7 +45,7 @@ def wait_for(condition: Callable[[], Any], what: str, timeout_s: float = PAGE_TI
 def viewer() -> Iterator[Any]:
     """The cartpole's initial policy in a viewer, stepping on a thread (one compile for the module)."""
     task = CartpoleTask(cartpole_config(mode="view", view_port=free_port()))
-    viewer = task.make_viewer()
+    viewer = make_viewer(task)
     viewer.panel.speed.value = 0.25  # fewer scene updates for the browser's software WebGL to draw
     stop = threading.Event()
     thread = threading.Thread(target=viewer.run, args=(stop,), daemon=True)

@@ -19,6 +19,8 @@ from helpers import (
 )
 
 from examples.cartpole import CartpoleTask
+from ksim.modes.export import deterministic_step
+from ksim.modes.view import view_shared
 from ksim.task.checkpointing import checkpoint_contents, save_run_checkpoint
 from ksim.viewer_sim import ViewerSim
 
@@ -65,7 +67,7 @@ def test_episode_end_names_the_time_limit(ball: tuple[BallTask, ViewerSim]) -> N
 def test_checkpoint_of_another_task_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     task = BallTask(ball_config())
     contents = checkpoint_contents(jax.device_get(task.init_shared(jax.random.PRNGKey(0))), jax.random.PRNGKey(1), 0, 0)
-    path = save_run_checkpoint(tmp_path, contents, task.checkpoint_metadata(), 0, 1)
+    path = save_run_checkpoint(tmp_path, contents, task.checkpoints.metadata, 0, 1)
     with pytest.raises(SystemExit) as exit_info:
         CartpoleTask.launch(cartpole_config(compilation_cache_dir=""), ["mode=view", f"load_from_ckpt_path={path}"])
     assert exit_info.value.code == 2
@@ -97,16 +99,16 @@ def test_a_two_device_checkpoint_drives_the_viewer_with_the_trained_policy(tmp_p
     trained = trained_task.fetch_replicated(trained_task.run().shared)
     ckpt = tmp_path / "checkpoints" / "ckpt_latest.bin"
     task = DistributedBallTask(distributed_ball_config(num_devices=2, mode="view", load_from_ckpt_path=str(ckpt)))
-    sim = ViewerSim(task.environment, task.view_shared(), seed=0)
+    sim = ViewerSim(task.environment, view_shared(task), seed=0)
     for viewed, wanted in zip(jax.tree.leaves(sim.shared), jax.tree.leaves(trained), strict=True):
         assert viewed.shape == np.shape(wanted)  # no device axis left
         np.testing.assert_array_equal(np.asarray(viewed), wanted)
-    initial = trained_task.view_shared()  # no checkpoint: the policy the run started from
+    initial = view_shared(trained_task)  # no checkpoint: the policy the run started from
     for _ in range(3):
         report = sim.step(deterministic=True)
-        (action,) = trained_task.deterministic_step(trained)(report.obs[None])
+        (action,) = deterministic_step(trained_task, trained)(report.obs[None])
         np.testing.assert_allclose(report.action, np.asarray(action)[0], rtol=1e-5, atol=1e-6)
-    (untrained,) = trained_task.deterministic_step(initial)(report.obs[None])
+    (untrained,) = deterministic_step(trained_task, initial)(report.obs[None])
     assert not np.allclose(report.action, np.asarray(untrained)[0], rtol=0, atol=1e-6)
 
 

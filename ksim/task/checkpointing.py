@@ -5,7 +5,9 @@ The file format itself (metadata, atomic writes, pruning) is in `ksim.checkpoint
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,12 +22,14 @@ from ksim.actuators import Actuators
 from ksim.checkpoint import (
     MEMORYLESS,
     METADATA_FORMAT,
+    check_metadata,
     load_checkpoint,
     load_metadata,
     prune_checkpoints,
     save_checkpoint,
 )
-from ksim.task.types import RLConfig, SharedState
+from ksim.task.env import Environment
+from ksim.task.types import RLConfig, SharedState, TrainState
 
 Array = jax.Array
 
@@ -90,6 +94,23 @@ def checkpoint_metadata(
     }
 
 
+def task_metadata(
+    task_name: str, task_type: type, config: RLConfig, environment: Environment, memory: dict[str, int]
+) -> dict[str, Any]:
+    """`checkpoint_metadata` of a task whose envs are `environment`."""
+    engine = environment.engine
+    return checkpoint_metadata(
+        task_name,
+        task_type,
+        config,
+        environment.observation_layout(),
+        action_layout(engine.mj_model, environment.components.actuators),
+        engine.physics_impl,
+        environment.critic_observation_layout(),
+        memory,
+    )
+
+
 def checkpoint_contents(shared: SharedState, rng: Array, step: int, env_steps: int) -> dict[str, Any]:
     """What a checkpoint holds: shared state (a host copy), update RNG and counters (envs restart on resume)."""
     return {"shared": shared, "rng": rng, "step": np.asarray(step), "env_steps": np.asarray(env_steps)}
@@ -135,3 +156,43 @@ def physics_impl_note(found: dict[str, Any] | None, expected: dict[str, Any]) ->
         f"note: this checkpoint was trained with physics_impl={trained!r} and continues with "
         f"physics_impl={expected.get('physics_impl')!r} (the same model; the physics differs in float precision)"
     )
+
+
+class RunCheckpoints:
+    """A task's checkpoints: what they say about the task (`metadata`, computed once, on first use), writing
+    them into a run folder and loading one back after checking its writer and shapes.
+
+    `template` gives shared state of the task's shapes; `fetch` copies replicated state to the host.
+    """
+
+    def __init__(
+        self,
+        metadata: Callable[[], dict[str, Any]],
+        template: Callable[[], SharedState],
+        fetch: Callable[[Any], Any],
+        keep_last: int,
+        allow_mismatch: bool,
+    ) -> None:
+        self._metadata = metadata
+        self._template = template
+        self._fetch = fetch
+        self.keep_last = keep_last
+        self.allow_mismatch = allow_mismatch
+
+    @functools.cached_property
+    def metadata(self) -> dict[str, Any]:
+        return self._metadata()
+
+    def contents(self, state: TrainState, step: int, env_steps: int) -> dict[str, Any]:
+        """What a checkpoint holds: shared state, update RNG and counters (envs restart on resume)."""
+        return checkpoint_contents(self._fetch(state.shared), self._fetch(state.rng), step, env_steps)
+
+    def save(self, run_dir: Path, state: TrainState, step: int, env_steps: int) -> Path:
+        """Writes ckpt_<step>.bin and ckpt_latest.bin, then keeps the last `keep_last` numbered ones."""
+        return save_run_checkpoint(run_dir, self.contents(state, step, env_steps), self.metadata, step, self.keep_last)
+
+    def load(self, path: str | Path) -> dict[str, Any]:
+        """A checkpoint's contents; ConfigError if another task or observation layout wrote it (unless
+        allow_mismatch) or if its shapes differ from the model's."""
+        check_metadata(path, load_metadata(path), self.metadata, self.allow_mismatch)  # before the model compiles
+        return load_run_checkpoint(path, self._template(), self.metadata, self.allow_mismatch)

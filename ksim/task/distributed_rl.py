@@ -32,8 +32,8 @@ from ksim.distributed import (
     unreplicate,
 )
 from ksim.task import processes
-from ksim.task.loop import AheadOfTimeProgram
 from ksim.task.processes import ManyProcesses, StopVote, Timeouts, check_timeouts
+from ksim.task.programs import AheadOfTimeProgram
 from ksim.task.rl import Program, RLConfig, RLTask, TrainState
 
 Array = jax.Array
@@ -264,7 +264,7 @@ class DistributedRLTask(RLTask[DistributedConfigT]):
 
     def after_train_step(self, state: TrainState, step: int) -> TrainState:
         if self.config.grad_sync_period > 1 and self.is_sync_point(step):
-            state = self.program("average", self._average_shared_program)(state)
+            state = self.programs.get("average", self._average_shared_program)(state)
         period = self.config.consistency_check_every_n_steps
         self._check_due = self._check_due or (period > 0 and step % period == 0)
         if self._check_due and self.is_sync_point(step):  # between sync points replicas differ by design
@@ -278,7 +278,7 @@ class DistributedRLTask(RLTask[DistributedConfigT]):
 
     def replica_divergences(self, state: TrainState) -> list[LeafDivergence]:
         """Leaves whose copies differ from device 0's (or hold NaN/Inf), over every device in use."""
-        check = self.program("replica_check", self._replica_check_program)
+        check = self.programs.get("replica_check", self._replica_check_program)
         diffs, non_finite = check({"shared": state.shared, "rng": state.rng})
         # All-gathered, so the first local replica holds every device's numbers.
         diffs, non_finite = self.fetch_replicated((diffs, non_finite))

@@ -9,6 +9,7 @@ field has a leading env axis there and pmap shards it with the envs.
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -17,11 +18,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from ksim.actuators import Actuators, delay_action
-from ksim.commands import Command, advance_command, start_command
-from ksim.engine import PhysicsEngine, StepContext
+from ksim.binding import bind_all
+from ksim.commands import Command, advance_command, check_command_users, start_command
+from ksim.engine import ModelLayout, PhysicsEngine, StepContext
 from ksim.events import Event, run_events, start_event_timers
-from ksim.observations import Observation, add_noise, noise_scales
-from ksim.randomization import Randomization, Randomized, sample_randomizations
+from ksim.observations import Observation, add_noise, check_noise, noise_scales
+from ksim.randomization import Randomization, Randomized, check_randomizations, sample_randomizations
 from ksim.reporting import unique_names
 from ksim.resets import Reset
 from ksim.rewards import Reward
@@ -86,6 +88,44 @@ class Components:
             if stateful is component:
                 return ctx.replace(state=states[key])
         return ctx
+
+
+def bind_components(
+    layout: ModelLayout,
+    observations: Sequence[Observation],
+    critic_observations: Sequence[Observation] | None,
+    rewards: Sequence[Reward],
+    terminations: Sequence[Termination],
+    resets: Sequence[Reset],
+    randomizations: Sequence[Randomization],
+    command: Command | None,
+    events: Sequence[Event],
+    actuators: Actuators,
+) -> Components:
+    """A task's components, each bound to the model's layout (its names resolved once); ConfigError for one
+    that cannot apply (an unknown name, a command nobody reads, noise on the wrong axes, a randomization the
+    actuators cannot take)."""
+    actor_group = bind_all(layout, observations)
+    critic_group = None if critic_observations is None else bind_all(layout, critic_observations)
+    bound_rewards, bound_terminations = bind_all(layout, rewards), bind_all(layout, terminations)
+    bound_resets, bound_randomizations = bind_all(layout, resets), bind_all(layout, randomizations)
+    bound_command = None if command is None else command.bind(layout)
+    bound = Components(
+        actor_group,
+        bound_rewards,
+        bound_terminations,
+        bound_resets,
+        bound_randomizations,
+        bound_command,
+        bind_all(layout, events),
+        actuators,
+        critic_group,
+    )
+    observers = (*bound.observations, *(bound.critic_observations or ()))
+    check_command_users(bound.command, (*observers, *bound.rewards))
+    check_noise(bound.observations)
+    check_randomizations(bound.randomizations, actuators)
+    return bound
 
 
 @dataclass(frozen=True)
@@ -159,6 +199,16 @@ class Environment:
             return None
         sizes = [int(shape.size) for shape in self._start_shapes[1][len(self.components.observations) :]]
         return list(zip(unique_names([obs.name for obs in group]), sizes, strict=True))
+
+    @functools.cached_property
+    def observation_dim(self) -> int:
+        """The size of one observation frame (the policy sees observation_history of them)."""
+        return sum(self.observation_sizes)
+
+    @functools.cached_property
+    def critic_observation_dim(self) -> int:
+        """The size of the critic's own observations (0: it reads the actor's input)."""
+        return sum(size for _, size in self.critic_observation_layout() or [])
 
     def noisy_observations(self, deterministic: bool) -> bool:
         """Noise goes into training rollouts; into evaluation only with eval_observation_noise."""

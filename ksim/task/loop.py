@@ -13,7 +13,6 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -21,16 +20,11 @@ from typing import Any, Protocol
 
 import jax
 
-from ksim.reporting import MetricsLogger
-from ksim.task.checkpointing import numbered_checkpoint
+from ksim.reporting import MetricsLogger, window_scalars
+from ksim.task.checkpointing import RunCheckpoints, numbered_checkpoint
 from ksim.task.evaluation import EvalResult, summary_scalars
+from ksim.task.programs import AheadOfTimeProgram, Programs
 from ksim.task.types import RLConfig, SharedState, TrainState
-
-# A program to compile ahead of time: (what the log calls it, a function that traces and lowers it).
-AheadOfTimeProgram = tuple[str, Callable[[], Any]]
-
-CACHE_HIT_EVENT = "/jax/compilation_cache/cache_hits"
-CACHE_MISS_EVENT = "/jax/compilation_cache/cache_misses"
 
 
 class GracefulStop:
@@ -123,77 +117,6 @@ class Watchdog:
             self._thread.join()
 
 
-class CacheEvents:
-    """Counts persistent-compilation-cache hits and misses reported through `jax.monitoring`, per thread."""
-
-    _instance: CacheEvents | None = None
-
-    def __init__(self) -> None:
-        self._counts: dict[int, list[int]] = {}  # thread id -> [hits, misses]
-        jax.monitoring.register_event_listener(self._on_event)
-
-    @classmethod
-    def get(cls) -> CacheEvents:
-        if cls._instance is None:  # listeners cannot be removed: register one per process
-            cls._instance = cls()
-        return cls._instance
-
-    def _on_event(self, event: str, **kwargs: Any) -> None:
-        if event in (CACHE_HIT_EVENT, CACHE_MISS_EVENT):  # reported on the thread that compiles
-            counts = self._counts.setdefault(threading.get_ident(), [0, 0])
-            counts[event == CACHE_MISS_EVENT] += 1
-
-    def this_thread(self) -> tuple[int, int]:
-        """(hits, misses) so far on the calling thread."""
-        hits, misses = self._counts.get(threading.get_ident(), (0, 0))
-        return hits, misses
-
-
-@dataclass(frozen=True)
-class CompileReport:
-    """One program compiled ahead of time: how long from the start of its tracing, and the cache's answers."""
-
-    seconds: float
-    cache_hits: int
-    cache_misses: int
-
-    def __str__(self) -> str:
-        if not self.cache_hits and not self.cache_misses:
-            return f"{self.seconds:.1f} s (cache off)"
-        return f"{self.seconds:.1f} s (cache: {self.cache_hits} hit(s), {self.cache_misses} miss(es))"
-
-
-def _compile(lowered: Any, started: float) -> tuple[Any, CompileReport]:
-    events = CacheEvents.get()
-    hits, misses = events.this_thread()
-    compiled = lowered.compile()
-    new_hits, new_misses = events.this_thread()
-    return compiled, CompileReport(time.perf_counter() - started, new_hits - hits, new_misses - misses)
-
-
-def compile_programs(programs: dict[str, AheadOfTimeProgram], verbose: bool) -> dict[str, Any]:
-    """Compiles programs ahead of time: {name: (what the log calls it, a function lowering it)} -> {name: executable}.
-
-    Tracing and lowering are Python and run here, one program after another; each program's XLA compile (or
-    its load from the persistent cache) runs on a worker thread, which releases the GIL, so it overlaps the
-    tracing of the programs after it. One line names them all, then one line per program says how long it
-    took from the start of its tracing and what the cache had.
-    """
-    if verbose:
-        print(f"compiling {', '.join(what for what, _ in programs.values())} ...", flush=True)
-    with ThreadPoolExecutor(max_workers=max(len(programs), 1), thread_name_prefix="ksim-compile") as pool:
-        futures = {}
-        for name, (_, lower) in programs.items():
-            started = time.perf_counter()
-            futures[name] = pool.submit(_compile, lower(), started)
-        executables = {}
-        for name, future in futures.items():
-            executables[name], report = future.result()
-            if verbose:
-                print(f"  {programs[name][0]}: {report}", flush=True)
-    return executables
-
-
 class TrainingTask(Protocol):
     """What the training loop asks of a task (`RLTask` is one)."""
 
@@ -202,40 +125,55 @@ class TrainingTask(Protocol):
     @property
     def task_name(self) -> str: ...
     @property
-    def is_logging_process(self) -> bool: ...
-    @property
     def env_steps_per_train_step(self) -> int: ...
     @property
     def process_hooks(self) -> ProcessHooks | None:
         """How to coordinate with the other processes (None: this is the only one)."""
 
-    def load_contents(self, path: str | Path) -> dict[str, Any]: ...
-    def make_run_dir(self) -> Path: ...
-    def make_logger(self, run_dir: Path | None) -> MetricsLogger: ...
+    @property
+    def programs(self) -> Programs: ...
+    @property
+    def checkpoints(self) -> RunCheckpoints: ...
+
+    def ahead_of_time_programs(self, state: TrainState) -> dict[str, AheadOfTimeProgram]: ...
     def init_train_state(self, shared: SharedState | None = None, rng: jax.Array | None = None) -> TrainState: ...
-    def precompile(self, state: TrainState, verbose: bool = True) -> None: ...
     def train_step(self, state: TrainState) -> tuple[TrainState, dict[str, jax.Array]]: ...
     def after_train_step(self, state: TrainState, step: int) -> TrainState: ...
     def fetch_replicated(self, tree: Any) -> Any: ...
-    def scalars(self, window: list[dict[str, Any]]) -> dict[str, float]: ...
     def log_fields(self, env_steps_per_s: float) -> dict[str, float]: ...
-    def eval_due(self, step: int) -> bool: ...
-    def evaluate(self, shared: SharedState, num_episodes: int | None = None, seed: int | None = None) -> EvalResult: ...
-    def save(self, run_dir: Path, state: TrainState, step: int, env_steps: int) -> Path: ...
+    def evaluate(self, shared: SharedState) -> EvalResult: ...
     def hang_diagnosis(self) -> str: ...
-    def after_training(self, run_dir: Path) -> None: ...
 
 
-def run_training(task: TrainingTask) -> TrainState:
-    """Trains for `num_steps` train steps; checkpoints periodically, at the end and on Ctrl-C/SIGTERM."""
+@dataclass(frozen=True)
+class Resume:
+    """Where a run resumes from a checkpoint: its shared state, update key and counters."""
+
+    shared: SharedState
+    rng: jax.Array
+    step: int
+    env_steps: int
+
+    @classmethod
+    def from_contents(cls, contents: dict[str, Any]) -> Resume:
+        return cls(contents["shared"], contents["rng"], int(contents["step"]), int(contents["env_steps"]))
+
+
+def eval_due(config: RLConfig, step: int) -> bool:
+    every = config.eval_every_n_steps
+    return every > 0 and (step % every == 0 or step == config.num_steps)
+
+
+def run_training(
+    task: TrainingTask, run_dir: Path | None, logger: MetricsLogger, resume: Resume | None = None
+) -> tuple[TrainState, int]:
+    """Trains until `num_steps` train steps; checkpoints periodically, at the end and on Ctrl-C/SIGTERM.
+
+    `run_dir` is the logging process's run folder (None on the others); returns the last state and the number
+    of train steps this call ran.
+    """
     config = task.config
-    step, env_steps, shared, rng = 0, 0, None, None
-    if config.load_from_ckpt_path:
-        contents = task.load_contents(config.load_from_ckpt_path)
-        shared, rng = contents["shared"], contents["rng"]
-        step, env_steps = int(contents["step"]), int(contents["env_steps"])
-    run_dir = task.make_run_dir() if task.is_logging_process else None
-    logger = task.make_logger(run_dir)
+    step, env_steps = (resume.step, resume.env_steps) if resume else (0, 0)
     if run_dir:
         print(f"{task.task_name}: writing to {run_dir}", flush=True)
     processes = task.process_hooks or ProcessHooks()
@@ -244,8 +182,9 @@ def run_training(task: TrainingTask) -> TrainState:
 
     start_time = time.perf_counter()
     try:
-        state = task.init_train_state(shared, rng)
-        task.precompile(state, verbose=run_dir is not None)
+        state = task.init_train_state(resume.shared if resume else None, resume.rng if resume else None)
+        task.checkpoints.metadata  # noqa: B018 -- the observation layout is traced once, here, not at the first save
+        task.programs.precompile(task.ahead_of_time_programs(state), verbose=run_dir is not None)
     except BaseException:
         processes.leave()
         raise
@@ -267,7 +206,7 @@ def run_training(task: TrainingTask) -> TrainState:
                 env_steps += task.env_steps_per_train_step
                 state = task.after_train_step(state, step)
                 if step % config.log_every_n_steps == 0 or step in (start_step + 1, config.num_steps):
-                    scalars = task.scalars(task.fetch_replicated(window))
+                    scalars = window_scalars(task.fetch_replicated(window))
                     window = []
                     now = time.perf_counter()
                     train_seconds = now - last_log_time - eval_seconds
@@ -276,19 +215,19 @@ def run_training(task: TrainingTask) -> TrainState:
                     if run_dir:
                         logger.log(step, config.num_steps, env_steps, scalars, eta_s)
                     last_log_time, last_log_env_steps, eval_seconds = now, env_steps, 0.0
-                if task.eval_due(step):
+                if eval_due(config, step):
                     eval_start = time.perf_counter()
                     eval_scalars = summary_scalars(task.evaluate(task.fetch_replicated(state.shared)))
                     eval_seconds += time.perf_counter() - eval_start
                     if run_dir:
                         logger.log_eval(step, env_steps, eval_scalars)
                 if config.save_every_n_steps and step % config.save_every_n_steps == 0:
-                    checkpoints.saved(step, task.save(run_dir, state, step, env_steps) if run_dir else None)
+                    checkpoints.saved(step, task.checkpoints.save(run_dir, state, step, env_steps) if run_dir else None)
             if step > start_step:  # normal end, or stopped by SIGINT/SIGTERM
                 if step < config.num_steps and jax.process_count() > 1:  # every process stops here
                     print(f"process {jax.process_index()}: stopped after step {step}", flush=True)
                 if run_dir:
-                    print(f"saved checkpoint {task.save(run_dir, state, step, env_steps)}", flush=True)
+                    print(f"saved checkpoint {task.checkpoints.save(run_dir, state, step, env_steps)}", flush=True)
             processes.finished()
         except jax.errors.JaxRuntimeError as error:
             processes.on_runtime_error(error)
@@ -296,9 +235,7 @@ def run_training(task: TrainingTask) -> TrainState:
         finally:
             processes.leave()
             logger.close()
-    if run_dir and step > start_step:
-        task.after_training(run_dir)
-    return state
+    return state, step - start_step
 
 
 class ProcessHooks:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
@@ -11,13 +10,32 @@ import jax
 import jax.numpy as jnp
 import optax
 import xax
-from flax import struct
 
 from ksim.config import ConfigError, require_non_negative, require_positive
-from ksim.networks import ACTOR, CRITIC, ActorCritic, RecurrentActorCritic, gaussian_entropy, gaussian_log_prob
+from ksim.networks import ACTOR, CRITIC, ActorCritic, RecurrentActorCritic, gaussian_log_prob
 from ksim.task.memory import PolicyMemory, episode_starts, unroll
+from ksim.task.ppo_update import (
+    PPOBatch,
+    compute_gae,
+    network_outputs,
+    ppo_epochs,
+    ppo_loss,
+    ppo_minibatch_update,
+)
 from ksim.task.rl import Metrics, RLConfig, RLTask, SharedState
 from ksim.task.types import PolicyOutput, PolicyState, Trajectory
+
+# The update's pure functions live in ksim.task.ppo_update; importable from here as before.
+__all__ = [
+    "PPOBatch",
+    "PPOConfig",
+    "PPOTask",
+    "compute_gae",
+    "network_outputs",
+    "ppo_epochs",
+    "ppo_loss",
+    "ppo_minibatch_update",
+]
 
 Array = jax.Array
 
@@ -47,114 +65,6 @@ class PPOConfig(RLConfig):
 PPOConfigT = TypeVar("PPOConfigT", bound=PPOConfig)
 
 
-class PPOBatch(struct.PyTreeNode):
-    """Env-major training data: leaves are (num_envs, rollout_length, ...), but `carry` (num_envs, 2, N)."""
-
-    obs: Array  # the actor's normalised input
-    action: Array
-    log_prob: Array
-    value: Array
-    advantage: Array
-    returns: Array
-    critic_obs: Array | None = None  # the critic's own normalised input (None: it reads `obs`)
-    carry: Array | None = None  # recurrent policies: the GRU states before the rollout's first step
-    starts: Array | None = None  # recurrent policies: where an episode starts inside the rollout
-
-
-def compute_gae(
-    reward: Array,
-    value: Array,
-    next_value: Array,
-    terminated: Array,
-    done: Array,
-    gamma: float,
-    gae_lambda: float,
-) -> tuple[Array, Array]:
-    """Time-major GAE. `next_value` is V of the true next state (before any reset).
-
-    A terminated step bootstraps with zero; a truncated one with V(next state); and the advantage
-    recursion stops at every episode end (`done`), including across rollout boundaries.
-    """
-    delta = reward + gamma * next_value * (1.0 - terminated) - value
-
-    def backward(next_advantage: Array, step: tuple[Array, Array]) -> tuple[Array, Array]:
-        delta_t, done_t = step
-        advantage = delta_t + gamma * gae_lambda * (1.0 - done_t) * next_advantage
-        return advantage, advantage
-
-    _, advantage = jax.lax.scan(backward, jnp.zeros_like(delta[0]), (delta, done.astype(delta.dtype)), reverse=True)
-    return advantage, advantage + value
-
-
-def network_outputs(model: nn.Module, params: Any, batch: PPOBatch) -> tuple[Array, Array, Array]:
-    """(action mean, action log std, value) of every step of the batch's env-major trajectories; a recurrent
-    model replays each from its recorded carry (truncated backpropagation through the rollout)."""
-    if isinstance(model, RecurrentActorCritic):
-        assert batch.carry is not None and batch.starts is not None, "a recurrent batch records carry and starts"
-        critic_obs = batch.obs if batch.critic_obs is None else batch.critic_obs
-        time_major = [jnp.swapaxes(x, 0, 1) for x in (batch.obs, critic_obs, batch.starts)]
-
-        def step(carry: Array, obs: Array, critic_obs: Array) -> tuple[Array, Array, Array, Array]:
-            return cast(tuple[Array, Array, Array, Array], model.apply(params, carry, obs, critic_obs))
-
-        mean, log_std, value, _ = unroll(step, batch.carry, *time_major)
-        return jnp.swapaxes(mean, 0, 1), jnp.swapaxes(log_std, 0, 1), jnp.swapaxes(value, 0, 1)
-    if batch.critic_obs is None:
-        return cast(tuple[Array, Array, Array], model.apply(params, batch.obs))
-    return cast(tuple[Array, Array, Array], model.apply(params, batch.obs, batch.critic_obs))
-
-
-def ppo_loss(
-    model: nn.Module, params: Any, batch: PPOBatch, config: PPOConfig, advantage: Array
-) -> tuple[Array, Metrics]:
-    """Clipped surrogate + clipped value loss - entropy bonus, on one minibatch."""
-    mean, log_std, value = network_outputs(model, params, batch)
-    log_ratio = gaussian_log_prob(batch.action, mean, log_std) - batch.log_prob
-    ratio = jnp.exp(log_ratio)
-    clipped_ratio = jnp.clip(ratio, 1.0 - config.clip_eps, 1.0 + config.clip_eps)
-    policy_loss = -jnp.mean(jnp.minimum(ratio * advantage, clipped_ratio * advantage))
-    value_error = jnp.square(value - batch.returns)
-    if config.value_clip_eps > 0:
-        clipped_value = batch.value + jnp.clip(value - batch.value, -config.value_clip_eps, config.value_clip_eps)
-        value_error = jnp.maximum(value_error, jnp.square(clipped_value - batch.returns))
-    value_loss = 0.5 * jnp.mean(value_error)
-    entropy = jnp.mean(gaussian_entropy(log_std))
-    loss = policy_loss + config.value_coef * value_loss - config.entropy_coef * entropy
-    metrics = {
-        "loss": loss,
-        "policy_loss": policy_loss,
-        "value_loss": value_loss,
-        "entropy": entropy,
-        "approx_kl": jnp.mean((ratio - 1.0) - log_ratio),
-        "clip_fraction": jnp.mean((jnp.abs(ratio - 1.0) > config.clip_eps).astype(jnp.float32)),
-    }
-    return loss, metrics
-
-
-def identity(tree: Any) -> Any:
-    return tree
-
-
-def ppo_minibatch_update(
-    model: nn.Module,
-    optimizer: optax.GradientTransformation,
-    config: PPOConfig,
-    params: Any,
-    opt_state: Any,
-    minibatch: PPOBatch,
-    normalize_advantage: Callable[[Array], Array] = identity,
-    sync_gradients: Callable[[Any], Any] = identity,
-) -> tuple[Any, Any, Metrics]:
-    """One optimizer step on one minibatch: the PPO loss's gradient (`sync_gradients`: averaged over devices
-    where the caller needs it), then the optimizer. Returns the new params, optimizer state and metrics."""
-    advantage = normalize_advantage(minibatch.advantage)
-    grads, metrics = jax.grad(lambda p: ppo_loss(model, p, minibatch, config, advantage), has_aux=True)(params)
-    metrics["local_grad_norm"] = optax.tree.norm(grads)
-    grads = sync_gradients(grads)
-    updates, opt_state = optimizer.update(grads, opt_state, params)
-    return optax.apply_updates(params, updates), opt_state, metrics
-
-
 class PPOTask(RLTask[PPOConfigT]):
     """PPO on an RLTask: subclasses add only the robot (model file and components)."""
 
@@ -173,7 +83,9 @@ class PPOTask(RLTask[PPOConfigT]):
 
     @property
     def memory(self) -> PolicyMemory:
-        return PolicyMemory(self.config.observation_history, self.config.recurrent_size, self.observation_dim)
+        return PolicyMemory(
+            self.config.observation_history, self.config.recurrent_size, self.environment.observation_dim
+        )
 
     def memory_settings(self) -> dict[str, int]:
         return {"observation_history": self.config.observation_history, "recurrent_size": self.config.recurrent_size}
@@ -189,7 +101,9 @@ class PPOTask(RLTask[PPOConfigT]):
 
     def init_params(self, rng: Array) -> Any:
         obs = jnp.zeros((1, self.memory.input_size))
-        critic_obs = jnp.zeros((1, self.critic_observation_dim)) if self.critic_observations is not None else obs
+        critic_obs = (
+            jnp.zeros((1, self.environment.critic_observation_dim)) if self.critic_observations is not None else obs
+        )
         if self.recurrent:
             return self.model.init(rng, jnp.zeros((1, 2, self.config.recurrent_size)), obs, critic_obs)
         if self.critic_observations is None:
@@ -208,7 +122,7 @@ class PPOTask(RLTask[PPOConfigT]):
             return obs
         if self.config.observation_history == 1:
             return shared.normalizer.normalize(obs)
-        frames = obs.reshape(*obs.shape[:-1], self.config.observation_history, self.observation_dim)
+        frames = obs.reshape(*obs.shape[:-1], self.config.observation_history, self.environment.observation_dim)
         return shared.normalizer.normalize(frames).reshape(obs.shape)
 
     def critic_input(self, shared: SharedState, critic_obs: Array, actor_input: Array) -> Array:
@@ -323,36 +237,26 @@ class PPOTask(RLTask[PPOConfigT]):
         var = self.cross_device_mean(jnp.mean(jnp.square(advantage - mean)))
         return (advantage - mean) / jnp.sqrt(var + 1e-8)
 
+    @property
+    def num_minibatches(self) -> int:
+        return self.config.num_envs // self.config.batch_size
+
     def update_shard(self, shared: SharedState, trajectory: Trajectory, rng: Array) -> tuple[SharedState, Metrics]:
         """`num_passes` epochs over shuffled minibatches of this shard's whole env trajectories."""
         batch = self.prepare_batch(shared, trajectory)
-        shard_envs = batch.advantage.shape[0]
-        envs_per_minibatch = shard_envs // self.num_minibatches
-
-        def minibatch_step(carry: tuple[Any, Any], minibatch: PPOBatch) -> tuple[tuple[Any, Any], Metrics]:
-            params, opt_state = carry
-            params, opt_state, metrics = ppo_minibatch_update(
-                self.model,
-                self.optimizer,
-                self.config,
-                params,
-                opt_state,
-                minibatch,
-                self.normalize_advantage,
-                self.sync_gradients,
-            )
-            return (params, opt_state), metrics
-
-        def epoch(carry: tuple[Any, Any], key: Array) -> tuple[tuple[Any, Any], Metrics]:
-            order = jax.random.permutation(key, shard_envs)
-            minibatches = jax.tree.map(
-                lambda x: x[order].reshape(self.num_minibatches, envs_per_minibatch, *x.shape[1:]), batch
-            )
-            return jax.lax.scan(minibatch_step, carry, minibatches)
-
-        keys = jax.random.split(rng, self.config.num_passes)
-        (params, opt_state), metrics = jax.lax.scan(epoch, (shared.params, shared.opt_state), keys)
-        metrics = jax.tree.map(jnp.mean, metrics)
+        params, opt_state, metrics = ppo_epochs(
+            self.model,
+            self.optimizer,
+            self.config,
+            shared.params,
+            shared.opt_state,
+            batch,
+            rng,
+            self.config.num_passes,
+            self.num_minibatches,
+            self.normalize_advantage,
+            self.sync_gradients,
+        )
         metrics["value_mean"] = jnp.mean(batch.value)
         self.debug_print("update", {k: metrics[k] for k in ("loss", "local_grad_norm", "approx_kl")})
         return shared.replace(params=params, opt_state=opt_state), self.cross_device_mean(metrics)

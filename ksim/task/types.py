@@ -99,6 +99,13 @@ class RLConfig:
     )
 
 
+def episode_steps(config: RLConfig) -> int:
+    """Control steps of an episode's time limit (episode_length_steps, or episode_length_s over ctrl_dt)."""
+    if config.episode_length_steps is not None:
+        return config.episode_length_steps
+    return max(1, round((config.episode_length_s or 0.0) / config.ctrl_dt))
+
+
 class PolicyState(struct.PyTreeNode):
     """One env's policy memory (ksim.task.memory): empty arrays for a memoryless policy."""
 

@@ -1,0 +1,53 @@
+"""mode=view: the policy acting live in the web viewer (ksim.viewer), the checkpoint's or else the initial one."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+
+from ksim.task.checkpointing import action_layout
+from ksim.task.rl import RLTask
+from ksim.task.types import RLConfig, SharedState
+from ksim.viewer import Viewer
+from ksim.viewer_settings import ViewSettings, check_view_port, command_ranges
+from ksim.viewer_sim import ViewerSim
+
+
+def check(config: RLConfig) -> None:
+    check_view_port(config.view_port)
+
+
+def view_shared(task: RLTask[Any]) -> SharedState:
+    """The policy shown: the checkpoint's (refused as mode=eval refuses it), else the initial one."""
+    if task.config.load_from_ckpt_path:
+        return task.checkpoints.load(task.config.load_from_ckpt_path)["shared"]
+    return jax.device_get(task.init_shared(jax.random.split(jax.random.PRNGKey(task.config.seed), 3)[0]))
+
+
+def view_settings(task: RLTask[Any]) -> ViewSettings:
+    config = task.config
+    layout = tuple(task.environment.observation_layout())
+    actions = tuple(action_layout(task.engine.mj_model, task.actuators)["names"])
+    ranges = command_ranges(task.components.command)
+    return ViewSettings(config.view_port, config.ctrl_dt, tuple(config.geom_groups), layout, actions, ranges)
+
+
+def make_viewer(task: RLTask[Any]) -> Viewer:
+    """The viewer of the task's policy, its first step compiled; serving from here on."""
+    terrain = task.terrain_use
+    sim = ViewerSim(task.environment, view_shared(task), task.config.seed, terrain.eval_level, terrain.eval_column)
+    viewer = Viewer(sim, task.engine.mj_model, task.engine.layout.base_body, view_settings(task))
+    viewer.step()
+    return viewer
+
+
+def run(task: RLTask[Any]) -> None:
+    viewer = make_viewer(task)
+    print(f"viewer: {viewer.url} (Ctrl+C to stop)", flush=True)
+    try:
+        viewer.run()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        viewer.close()

@@ -1,0 +1,174 @@
+"""The PPO update as pure functions, apart from any task: GAE, the clipped loss, one minibatch's optimizer
+step and the epochs of shuffled minibatches (`ppo_epochs`). `PPOTask` calls them with its model and config;
+they are testable on their own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol, cast
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import optax
+from flax import struct
+
+from ksim.networks import RecurrentActorCritic, gaussian_entropy, gaussian_log_prob
+from ksim.task.memory import unroll
+
+Array = jax.Array
+Metrics = dict[str, Array]
+
+
+class LossSettings(Protocol):
+    """The settings the loss reads (a PPOConfig has them)."""
+
+    clip_eps: float
+    value_clip_eps: float
+    value_coef: float
+    entropy_coef: float
+
+
+class PPOBatch(struct.PyTreeNode):
+    """Env-major training data: leaves are (num_envs, rollout_length, ...), but `carry` (num_envs, 2, N)."""
+
+    obs: Array  # the actor's normalised input
+    action: Array
+    log_prob: Array
+    value: Array
+    advantage: Array
+    returns: Array
+    critic_obs: Array | None = None  # the critic's own normalised input (None: it reads `obs`)
+    carry: Array | None = None  # recurrent policies: the GRU states before the rollout's first step
+    starts: Array | None = None  # recurrent policies: where an episode starts inside the rollout
+
+
+def compute_gae(
+    reward: Array,
+    value: Array,
+    next_value: Array,
+    terminated: Array,
+    done: Array,
+    gamma: float,
+    gae_lambda: float,
+) -> tuple[Array, Array]:
+    """Time-major GAE. `next_value` is V of the true next state (before any reset).
+
+    A terminated step bootstraps with zero; a truncated one with V(next state); and the advantage
+    recursion stops at every episode end (`done`), including across rollout boundaries.
+    """
+    delta = reward + gamma * next_value * (1.0 - terminated) - value
+
+    def backward(next_advantage: Array, step: tuple[Array, Array]) -> tuple[Array, Array]:
+        delta_t, done_t = step
+        advantage = delta_t + gamma * gae_lambda * (1.0 - done_t) * next_advantage
+        return advantage, advantage
+
+    _, advantage = jax.lax.scan(backward, jnp.zeros_like(delta[0]), (delta, done.astype(delta.dtype)), reverse=True)
+    return advantage, advantage + value
+
+
+def network_outputs(model: nn.Module, params: Any, batch: PPOBatch) -> tuple[Array, Array, Array]:
+    """(action mean, action log std, value) of every step of the batch's env-major trajectories; a recurrent
+    model replays each from its recorded carry (truncated backpropagation through the rollout)."""
+    if isinstance(model, RecurrentActorCritic):
+        assert batch.carry is not None and batch.starts is not None, "a recurrent batch records carry and starts"
+        critic_obs = batch.obs if batch.critic_obs is None else batch.critic_obs
+        time_major = [jnp.swapaxes(x, 0, 1) for x in (batch.obs, critic_obs, batch.starts)]
+
+        def step(carry: Array, obs: Array, critic_obs: Array) -> tuple[Array, Array, Array, Array]:
+            return cast(tuple[Array, Array, Array, Array], model.apply(params, carry, obs, critic_obs))
+
+        mean, log_std, value, _ = unroll(step, batch.carry, *time_major)
+        return jnp.swapaxes(mean, 0, 1), jnp.swapaxes(log_std, 0, 1), jnp.swapaxes(value, 0, 1)
+    if batch.critic_obs is None:
+        return cast(tuple[Array, Array, Array], model.apply(params, batch.obs))
+    return cast(tuple[Array, Array, Array], model.apply(params, batch.obs, batch.critic_obs))
+
+
+def ppo_loss(
+    model: nn.Module, params: Any, batch: PPOBatch, config: LossSettings, advantage: Array
+) -> tuple[Array, Metrics]:
+    """Clipped surrogate + clipped value loss - entropy bonus, on one minibatch."""
+    mean, log_std, value = network_outputs(model, params, batch)
+    log_ratio = gaussian_log_prob(batch.action, mean, log_std) - batch.log_prob
+    ratio = jnp.exp(log_ratio)
+    clipped_ratio = jnp.clip(ratio, 1.0 - config.clip_eps, 1.0 + config.clip_eps)
+    policy_loss = -jnp.mean(jnp.minimum(ratio * advantage, clipped_ratio * advantage))
+    value_error = jnp.square(value - batch.returns)
+    if config.value_clip_eps > 0:
+        clipped_value = batch.value + jnp.clip(value - batch.value, -config.value_clip_eps, config.value_clip_eps)
+        value_error = jnp.maximum(value_error, jnp.square(clipped_value - batch.returns))
+    value_loss = 0.5 * jnp.mean(value_error)
+    entropy = jnp.mean(gaussian_entropy(log_std))
+    loss = policy_loss + config.value_coef * value_loss - config.entropy_coef * entropy
+    metrics = {
+        "loss": loss,
+        "policy_loss": policy_loss,
+        "value_loss": value_loss,
+        "entropy": entropy,
+        "approx_kl": jnp.mean((ratio - 1.0) - log_ratio),
+        "clip_fraction": jnp.mean((jnp.abs(ratio - 1.0) > config.clip_eps).astype(jnp.float32)),
+    }
+    return loss, metrics
+
+
+def identity(tree: Any) -> Any:
+    return tree
+
+
+def ppo_minibatch_update(
+    model: nn.Module,
+    optimizer: optax.GradientTransformation,
+    config: LossSettings,
+    params: Any,
+    opt_state: Any,
+    minibatch: PPOBatch,
+    normalize_advantage: Callable[[Array], Array] = identity,
+    sync_gradients: Callable[[Any], Any] = identity,
+) -> tuple[Any, Any, Metrics]:
+    """One optimizer step on one minibatch: the PPO loss's gradient (`sync_gradients`: averaged over devices
+    where the caller needs it), then the optimizer. Returns the new params, optimizer state and metrics."""
+    advantage = normalize_advantage(minibatch.advantage)
+    grads, metrics = jax.grad(lambda p: ppo_loss(model, p, minibatch, config, advantage), has_aux=True)(params)
+    metrics["local_grad_norm"] = optax.tree.norm(grads)
+    grads = sync_gradients(grads)
+    updates, opt_state = optimizer.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state, metrics
+
+
+def ppo_epochs(
+    model: nn.Module,
+    optimizer: optax.GradientTransformation,
+    config: LossSettings,
+    params: Any,
+    opt_state: Any,
+    batch: PPOBatch,
+    rng: Array,
+    num_passes: int,
+    num_minibatches: int,
+    normalize_advantage: Callable[[Array], Array] = identity,
+    sync_gradients: Callable[[Any], Any] = identity,
+) -> tuple[Any, Any, Metrics]:
+    """`num_passes` epochs over `batch` (env-major), each shuffling its envs and cutting them into
+    `num_minibatches` minibatches of whole trajectories. Returns the new params, optimizer state and the
+    minibatch metrics averaged over every step."""
+    num_envs = batch.advantage.shape[0]
+    envs_per_minibatch = num_envs // num_minibatches
+
+    def minibatch_step(carry: tuple[Any, Any], minibatch: PPOBatch) -> tuple[tuple[Any, Any], Metrics]:
+        params, opt_state = carry
+        params, opt_state, metrics = ppo_minibatch_update(
+            model, optimizer, config, params, opt_state, minibatch, normalize_advantage, sync_gradients
+        )
+        return (params, opt_state), metrics
+
+    def epoch(carry: tuple[Any, Any], key: Array) -> tuple[tuple[Any, Any], Metrics]:
+        order = jax.random.permutation(key, num_envs)
+        minibatches = jax.tree.map(lambda x: x[order].reshape(num_minibatches, envs_per_minibatch, *x.shape[1:]), batch)
+        return jax.lax.scan(minibatch_step, carry, minibatches)
+
+    keys = jax.random.split(rng, num_passes)
+    (params, opt_state), metrics = jax.lax.scan(epoch, (params, opt_state), keys)
+    return params, opt_state, jax.tree.map(jnp.mean, metrics)

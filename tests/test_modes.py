@@ -1,0 +1,45 @@
+"""Modes take a built task: a new one is a module (here, a namespace) and a line in MODES, nothing in the task."""
+
+from __future__ import annotations
+
+import types
+from typing import Any
+
+import pytest
+from helpers import cartpole_config
+
+from examples.cartpole import CartpoleTask
+from ksim import modes
+from ksim.config import ConfigError
+
+
+def test_a_new_mode_runs_from_launch_without_touching_the_task(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[str] = []
+
+    def run(task: Any) -> list[tuple[str, int]]:
+        return task.environment.observation_layout()
+
+    layout_mode = types.SimpleNamespace(check=lambda config: seen.append(config.mode), run=run)
+    monkeypatch.setitem(modes.MODES, "layout", layout_mode)
+    result = CartpoleTask.launch(cartpole_config(), ["mode=layout"])
+    assert seen == ["layout"]  # checked before the task was built
+    assert [name for name, _ in result] == [
+        name for name, _ in CartpoleTask(cartpole_config()).environment.observation_layout()
+    ]
+    assert sum(size for _, size in result) == 3
+
+
+def test_a_mode_refuses_its_settings_before_the_task_is_built(capsys: pytest.CaptureFixture[str]) -> None:
+    built: list[object] = []
+
+    class Counting(CartpoleTask):
+        def __init__(self, config: Any) -> None:
+            built.append(config)
+            super().__init__(config)
+
+    with pytest.raises(SystemExit) as stop:
+        Counting.launch(cartpole_config(), ["mode=eval"])
+    assert stop.value.code == 2 and not built
+    assert capsys.readouterr().err.strip() == "error: mode='eval' needs load_from_ckpt_path=<checkpoint file>"
+    with pytest.raises(ConfigError, match="mode='fly' must be one of 'train', 'eval', 'export', 'view'"):
+        Counting(cartpole_config(mode="fly")).run()
