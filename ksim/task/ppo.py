@@ -11,11 +11,12 @@ import jax.numpy as jnp
 import optax
 import xax
 
-from ksim.config import ConfigError, require_non_negative, require_positive
+from ksim.config import ConfigError, require_choice, require_non_negative, require_positive
 from ksim.networks import ACTOR, CRITIC, ActorCritic, RecurrentActorCritic, gaussian_log_prob
 from ksim.task.memory import PolicyMemory, episode_starts, unroll
 from ksim.task.ppo_update import (
     PPOBatch,
+    adapt_learning_rate,
     compute_gae,
     network_outputs,
     ppo_epochs,
@@ -42,7 +43,19 @@ Array = jax.Array
 
 @dataclass
 class PPOConfig(RLConfig):
-    learning_rate: float = xax.field(3e-4, help="Adam learning rate.")
+    learning_rate: float = xax.field(3e-4, help="Adam learning rate (the first one, with a schedule).")
+    learning_rate_schedule: str = xax.field(
+        "constant",
+        help="'constant'; 'linear': annealed to 0 over num_steps; 'adaptive': rsl_rl's rule, divided by 1.5 after a "
+        "minibatch whose KL from the rollout's policy exceeds 2 x desired_kl, multiplied by 1.5 below half of it "
+        "(the KL averaged over devices, so every replica keeps the same rate).",
+    )
+    desired_kl: float = xax.field(0.01, help="learning_rate_schedule=adaptive: the KL it steers each minibatch to.")
+    min_learning_rate: float = xax.field(1e-5, help="learning_rate_schedule=adaptive: the lowest rate.")
+    max_learning_rate: float = xax.field(1e-2, help="learning_rate_schedule=adaptive: the highest rate.")
+    reward_scaling: float = xax.field(
+        1.0, help="Rewards are multiplied by this in the update (Brax's reward_scaling); logged returns are not."
+    )
     gamma: float = xax.field(0.99, help="Discount factor.")
     gae_lambda: float = xax.field(0.95, help="GAE lambda.")
     clip_eps: float = xax.field(0.2, help="PPO ratio clipping.")
@@ -63,6 +76,7 @@ class PPOConfig(RLConfig):
 
 
 PPOConfigT = TypeVar("PPOConfigT", bound=PPOConfig)
+LEARNING_RATE_SCHEDULES = ("constant", "linear", "adaptive")
 
 
 class PPOTask(RLTask[PPOConfigT]):
@@ -71,7 +85,15 @@ class PPOTask(RLTask[PPOConfigT]):
     def validate_config(self) -> None:
         super().validate_config()
         config = self.config
-        require_positive(config, "learning_rate", "clip_eps", "observation_history")
+        require_positive(config, "learning_rate", "clip_eps", "observation_history", "reward_scaling", "desired_kl")
+        require_choice(config, "learning_rate_schedule", LEARNING_RATE_SCHEDULES)
+        if config.learning_rate_schedule == "adaptive":
+            require_positive(config, "min_learning_rate")
+            if not config.min_learning_rate <= config.learning_rate <= config.max_learning_rate:
+                raise ConfigError(
+                    f"learning_rate={config.learning_rate} must be in [min_learning_rate={config.min_learning_rate}, "
+                    f"max_learning_rate={config.max_learning_rate}] with learning_rate_schedule=adaptive"
+                )
         require_non_negative(config, "max_grad_norm", "value_clip_eps", "entropy_coef", "value_coef", "recurrent_size")
         for name in ("gamma", "gae_lambda"):
             if not 0.0 <= getattr(config, name) <= 1.0:
@@ -111,10 +133,33 @@ class PPOTask(RLTask[PPOConfigT]):
         return self.model.init(rng, obs, critic_obs)
 
     def get_optimizer(self) -> optax.GradientTransformation:
-        adam = optax.adam(self.config.learning_rate)
-        if self.config.max_grad_norm == 0:
-            return adam
-        return optax.chain(optax.clip_by_global_norm(self.config.max_grad_norm), adam)
+        """Adam after global-norm clipping; with a schedule, its rate is a hyperparameter in the optimizer state
+        (`opt_state.hyperparams["learning_rate"]`), so it is checkpointed and replicated with the rest."""
+        config = self.config
+
+        def clipped_adam(learning_rate: Any) -> optax.GradientTransformation:
+            adam = optax.adam(learning_rate)
+            return (
+                adam
+                if config.max_grad_norm == 0
+                else optax.chain(optax.clip_by_global_norm(config.max_grad_norm), adam)
+            )
+
+        if config.learning_rate_schedule == "linear":
+            optimizer_steps = config.num_steps * config.num_passes * self.num_minibatches
+            schedule = optax.linear_schedule(config.learning_rate, 0.0, optimizer_steps)
+            return optax.inject_hyperparams(clipped_adam)(learning_rate=schedule)
+        if config.learning_rate_schedule == "adaptive":
+            return optax.inject_hyperparams(clipped_adam)(learning_rate=config.learning_rate)
+        return clipped_adam(config.learning_rate)
+
+    def adapt_optimizer(self, opt_state: Any, metrics: Metrics) -> Any:
+        """learning_rate_schedule=adaptive: the rate after this minibatch's KL, averaged over devices."""
+        config = self.config
+        kl = self.cross_device_mean(metrics["kl"])
+        rate = opt_state.hyperparams["learning_rate"]
+        rate = adapt_learning_rate(rate, kl, config.desired_kl, config.min_learning_rate, config.max_learning_rate)
+        return opt_state._replace(hyperparams={**opt_state.hyperparams, "learning_rate": rate})
 
     def normalize_obs(self, shared: SharedState, obs: Array) -> Array:
         """The actor's input, each of its observation_history frames with the same statistics."""
@@ -204,8 +249,11 @@ class PPOTask(RLTask[PPOConfigT]):
         """Log-probs, values and GAE under the rollout's params, reordered env-major."""
         mean, log_std, value, next_value = self.replay_rollout(shared, trajectory)
         done = trajectory.terminated | trajectory.truncated
+        reward = (
+            trajectory.reward if self.config.reward_scaling == 1.0 else trajectory.reward * self.config.reward_scaling
+        )
         advantage, returns = compute_gae(
-            trajectory.reward,
+            reward,
             value,
             next_value,
             trajectory.terminated.astype(value.dtype),
@@ -214,6 +262,7 @@ class PPOTask(RLTask[PPOConfigT]):
             self.config.gae_lambda,
         )
         log_prob = gaussian_log_prob(trajectory.action, mean, log_std)
+        adaptive = self.config.learning_rate_schedule == "adaptive"
         obs = self.normalize_obs(shared, trajectory.obs)
         own_critic_obs = self.critic_observations is not None
         batch = PPOBatch(
@@ -225,6 +274,8 @@ class PPOTask(RLTask[PPOConfigT]):
             returns=returns,
             critic_obs=self.critic_input(shared, trajectory.critic_obs, obs) if own_critic_obs else None,
             starts=episode_starts(done) if self.recurrent else None,
+            mean=mean if adaptive else None,
+            log_std=log_std if adaptive else None,
         )
         batch = jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), batch)
         return batch.replace(carry=trajectory.carry[0] if self.recurrent else None)
@@ -256,6 +307,7 @@ class PPOTask(RLTask[PPOConfigT]):
             self.num_minibatches,
             self.normalize_advantage,
             self.sync_gradients,
+            self.adapt_optimizer if self.config.learning_rate_schedule == "adaptive" else None,
         )
         metrics["value_mean"] = jnp.mean(batch.value)
         self.debug_print("update", {k: metrics[k] for k in ("loss", "local_grad_norm", "approx_kl")})

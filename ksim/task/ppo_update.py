@@ -42,6 +42,8 @@ class PPOBatch(struct.PyTreeNode):
     critic_obs: Array | None = None  # the critic's own normalised input (None: it reads `obs`)
     carry: Array | None = None  # recurrent policies: the GRU states before the rollout's first step
     starts: Array | None = None  # recurrent policies: where an episode starts inside the rollout
+    mean: Array | None = None  # the rollout policy's action mean and log std (for the analytic KL)
+    log_std: Array | None = None
 
 
 def compute_gae(
@@ -111,7 +113,27 @@ def ppo_loss(
         "approx_kl": jnp.mean((ratio - 1.0) - log_ratio),
         "clip_fraction": jnp.mean((jnp.abs(ratio - 1.0) > config.clip_eps).astype(jnp.float32)),
     }
+    if batch.mean is not None and batch.log_std is not None:
+        kl = gaussian_kl(batch.mean, batch.log_std, mean, log_std)
+        metrics["kl"] = jax.lax.stop_gradient(jnp.mean(kl))
     return loss, metrics
+
+
+def gaussian_kl(mean: Array, log_std: Array, new_mean: Array, new_log_std: Array) -> Array:
+    """KL(old || new) of two diagonal Gaussians, summed over the action dimensions."""
+    variance_ratio = jnp.exp(2.0 * (log_std - new_log_std))
+    mean_term = jnp.square(mean - new_mean) * jnp.exp(-2.0 * new_log_std)
+    return jnp.sum(new_log_std - log_std + 0.5 * (variance_ratio + mean_term) - 0.5, axis=-1)
+
+
+def adapt_learning_rate(
+    learning_rate: Array, kl: Array, desired_kl: float, min_learning_rate: float, max_learning_rate: float
+) -> Array:
+    """rsl_rl's adaptive rule: divide by 1.5 where the KL is over twice `desired_kl`, multiply by 1.5 where it
+    is under half of it, within [min_learning_rate, max_learning_rate]."""
+    lower, raise_ = kl > 2.0 * desired_kl, (kl < 0.5 * desired_kl) & (kl > 0.0)
+    adapted = jnp.where(lower, learning_rate / 1.5, jnp.where(raise_, learning_rate * 1.5, learning_rate))
+    return jnp.clip(adapted, min_learning_rate, max_learning_rate)
 
 
 def identity(tree: Any) -> Any:
@@ -127,14 +149,21 @@ def ppo_minibatch_update(
     minibatch: PPOBatch,
     normalize_advantage: Callable[[Array], Array] = identity,
     sync_gradients: Callable[[Any], Any] = identity,
+    adapt_optimizer: Callable[[Any, Metrics], Any] | None = None,
 ) -> tuple[Any, Any, Metrics]:
     """One optimizer step on one minibatch: the PPO loss's gradient (`sync_gradients`: averaged over devices
-    where the caller needs it), then the optimizer. Returns the new params, optimizer state and metrics."""
+    where the caller needs it), then the optimizer. `adapt_optimizer(opt_state, metrics)` may change the
+    optimizer's state (its learning rate) from this minibatch's metrics first. Returns the new params,
+    optimizer state and metrics."""
     advantage = normalize_advantage(minibatch.advantage)
     grads, metrics = jax.grad(lambda p: ppo_loss(model, p, minibatch, config, advantage), has_aux=True)(params)
     metrics["local_grad_norm"] = optax.tree.norm(grads)
     grads = sync_gradients(grads)
+    if adapt_optimizer is not None:
+        opt_state = adapt_optimizer(opt_state, metrics)
     updates, opt_state = optimizer.update(grads, opt_state, params)
+    if isinstance(opt_state, optax.InjectHyperparamsState | optax.InjectStatefulHyperparamsState):
+        metrics["learning_rate"] = opt_state.hyperparams["learning_rate"]
     return optax.apply_updates(params, updates), opt_state, metrics
 
 
@@ -150,6 +179,7 @@ def ppo_epochs(
     num_minibatches: int,
     normalize_advantage: Callable[[Array], Array] = identity,
     sync_gradients: Callable[[Any], Any] = identity,
+    adapt_optimizer: Callable[[Any, Metrics], Any] | None = None,
 ) -> tuple[Any, Any, Metrics]:
     """`num_passes` epochs over `batch` (env-major), each shuffling its envs and cutting them into
     `num_minibatches` minibatches of whole trajectories. Returns the new params, optimizer state and the
@@ -160,7 +190,7 @@ def ppo_epochs(
     def minibatch_step(carry: tuple[Any, Any], minibatch: PPOBatch) -> tuple[tuple[Any, Any], Metrics]:
         params, opt_state = carry
         params, opt_state, metrics = ppo_minibatch_update(
-            model, optimizer, config, params, opt_state, minibatch, normalize_advantage, sync_gradients
+            model, optimizer, config, params, opt_state, minibatch, normalize_advantage, sync_gradients, adapt_optimizer
         )
         return (params, opt_state), metrics
 

@@ -1,0 +1,111 @@
+"""The update's step size: the adaptive (KL-driven) and linear learning-rate schedules, and reward scaling."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from helpers import DistributedCartpoleTask, cartpole_config, distributed_cartpole_config
+
+from examples.cartpole import CartpoleTask
+from ksim.task.ppo_update import adapt_learning_rate, gaussian_kl
+from ksim.task.rl import Metrics
+
+# 2 passes x 2 minibatches: 4 optimizer steps per update.
+STEPS_PER_UPDATE = 4
+
+
+def test_adaptive_rule_moves_the_rate_by_1_5_within_its_bounds() -> None:
+    rate, desired = jnp.asarray(1e-3), 0.01
+
+    def adapted(kl: float, low: float = 1e-5, high: float = 1e-2) -> float:
+        return float(adapt_learning_rate(rate, jnp.asarray(kl), desired, low, high))
+
+    assert adapted(0.03) == pytest.approx(1e-3 / 1.5)  # over 2 x desired
+    assert adapted(0.002) == pytest.approx(1.5e-3)  # under desired / 2
+    assert adapted(0.01) == pytest.approx(1e-3) and adapted(0.019) == pytest.approx(1e-3)
+    assert adapted(0.0) == pytest.approx(1e-3)  # no change measured (the first minibatch): no rise
+    assert adapted(0.03, low=9e-4) == pytest.approx(9e-4) and adapted(0.002, high=1.2e-3) == pytest.approx(1.2e-3)
+
+
+def test_gaussian_kl_is_the_closed_form() -> None:
+    mean, log_std = jnp.array([[0.0, 1.0]]), jnp.array([[0.0, np.log(2.0)]])
+    new_mean, new_log_std = jnp.array([[1.0, 1.0]]), jnp.array([[np.log(2.0), np.log(2.0)]])
+    # Per dimension: log(s1/s0) + (s0^2 + (m0 - m1)^2) / (2 s1^2) - 1/2.
+    expected = (np.log(2.0) + (1.0 + 1.0) / 8.0 - 0.5) + 0.0
+    assert float(gaussian_kl(mean, log_std, new_mean, new_log_std)[0]) == pytest.approx(expected, rel=1e-6)
+    assert float(gaussian_kl(mean, log_std, mean, log_std)[0]) == 0.0
+
+
+@pytest.fixture(scope="module")
+def rollout() -> tuple[Any, Any]:
+    task = CartpoleTask(cartpole_config())
+    state = task.init_train_state()
+    _, trajectory, _ = task.programs["rollout"](state.shared, state.env)
+    return jax.device_get(state.shared.normalizer), jax.device_get(trajectory)
+
+
+def updated(config_overrides: dict[str, Any], rollout: tuple[Any, Any]) -> tuple[Any, Metrics]:
+    task = CartpoleTask(cartpole_config(**config_overrides))
+    normalizer, trajectory = rollout
+    shared = task.init_shared(jax.random.PRNGKey(0)).replace(normalizer=normalizer)
+    return jax.device_get(task.programs["update"](shared, trajectory, jax.random.PRNGKey(1)))
+
+
+def test_adaptive_schedule_lowers_the_rate_after_every_minibatch_over_the_kl(rollout: tuple[Any, Any]) -> None:
+    # Any KL exceeds 2e-9: every minibatch step after the first (whose params are the rollout's: KL 0) divides.
+    shared, metrics = updated(
+        {"learning_rate_schedule": "adaptive", "desired_kl": 1e-9, "learning_rate": 3e-4}, rollout
+    )
+    expected = 3e-4 / 1.5 ** (STEPS_PER_UPDATE - 1)
+    assert float(shared.opt_state.hyperparams["learning_rate"]) == pytest.approx(expected, rel=1e-5)
+    assert float(metrics["learning_rate"]) < 3e-4 and float(metrics["kl"]) > 0.0
+
+
+def test_adaptive_schedule_raises_the_rate_while_the_kl_is_small(rollout: tuple[Any, Any]) -> None:
+    shared, _ = updated({"learning_rate_schedule": "adaptive", "desired_kl": 1e3, "learning_rate": 1e-4}, rollout)
+    assert float(shared.opt_state.hyperparams["learning_rate"]) == pytest.approx(1e-4 * 1.5 ** (STEPS_PER_UPDATE - 1))
+
+
+def test_linear_schedule_anneals_to_zero_over_the_run(rollout: tuple[Any, Any]) -> None:
+    # num_steps=2: 8 optimizer steps in the run; after one update's 4 the last rate used is lr * (1 - 3/8).
+    shared, metrics = updated({"learning_rate_schedule": "linear", "learning_rate": 1e-3}, rollout)
+    assert float(shared.opt_state.hyperparams["learning_rate"]) == pytest.approx(1e-3 * (1 - 3 / 8), rel=1e-5)
+    assert float(metrics["learning_rate"]) == pytest.approx(np.mean([1e-3 * (1 - k / 8) for k in range(4)]), rel=1e-5)
+
+
+def test_reward_scaling_is_the_update_of_scaled_rewards(rollout: tuple[Any, Any]) -> None:
+    normalizer, trajectory = rollout
+    scaled, _ = updated({"reward_scaling": 0.1}, rollout)
+    by_hand, _ = updated({}, (normalizer, trajectory.replace(reward=trajectory.reward * np.float32(0.1))))
+    jax.tree.map(np.testing.assert_array_equal, scaled.params, by_hand.params)
+    unscaled, _ = updated({}, rollout)
+    assert not np.array_equal(scaled.params["params"]["log_std"], unscaled.params["params"]["log_std"])
+
+
+class LocalKlTask(DistributedCartpoleTask):
+    """The adaptive rule on each device's own KL: what the cross-device average prevents."""
+
+    def adapt_optimizer(self, opt_state: Any, metrics: Metrics) -> Any:
+        rate = opt_state.hyperparams["learning_rate"]
+        rate = adapt_learning_rate(rate, metrics["kl"], self.config.desired_kl, 1e-5, 1e-2)
+        return opt_state._replace(hyperparams={**opt_state.hyperparams, "learning_rate": rate})
+
+
+@pytest.mark.parametrize(("task_class", "same"), [(DistributedCartpoleTask, True), (LocalKlTask, False)])
+def test_adaptive_rate_is_the_same_on_every_device(task_class: type, same: bool) -> None:
+    config = distributed_cartpole_config(
+        num_devices=4, num_envs=16, batch_size=8, learning_rate_schedule="adaptive", desired_kl=2e-4
+    )
+    task = task_class(config)
+    state = task.init_train_state()
+    for _ in range(2):
+        state, _ = task.train_step(state)
+    rates = np.asarray(state.shared.opt_state.hyperparams["learning_rate"])  # one per device
+    assert rates.shape == (4,)
+    assert (len(set(rates.tolist())) == 1) == same, rates
+    if same:
+        assert not task.replica_divergences(state)
