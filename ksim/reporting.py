@@ -18,6 +18,7 @@ STDOUT_KEYS = (
     "entropy",
     "approx_kl",
     "clip_fraction",
+    "learning_rate",  # only with a learning_rate_schedule
 )
 SCALARS_FILE = "scalars.jsonl"
 
