@@ -184,6 +184,17 @@ def _shape_mismatches(expected: Any, loaded: Any, prefix: str = "") -> list[str]
     return []
 
 
+def with_unset_fields(expected: Any, loaded: Any) -> Any:
+    """`loaded` with the fields that `expected` leaves unset (None) and `loaded` lacks: a checkpoint written
+    before an optional field existed (e.g. SharedState.return_normalizer) loads where the field is off."""
+    if not isinstance(expected, dict) or not isinstance(loaded, dict):
+        return loaded
+    filled = {
+        key: with_unset_fields(expected[key], value) if key in expected else value for key, value in loaded.items()
+    }
+    return filled | {key: None for key, value in expected.items() if value is None and key not in loaded}
+
+
 def load_checkpoint(
     path: str | Path, target: Any, expected_metadata: dict[str, Any] | None = None, allow_mismatch: bool = False
 ) -> Any:
@@ -196,7 +207,9 @@ def load_checkpoint(
     if expected_metadata is not None:
         check_metadata(path, metadata, expected_metadata, allow_mismatch)
     target = jax.device_get(target)
-    problems = _shape_mismatches(serialization.to_state_dict(target), state_dict)
+    expected = serialization.to_state_dict(target)
+    state_dict = with_unset_fields(expected, state_dict)
+    problems = _shape_mismatches(expected, state_dict)
     if problems:
         listed = "; ".join(problems[:5]) + ("; ..." if len(problems) > 5 else "")
         raise ConfigError(f"load_from_ckpt_path={str(path)!r} does not match the model: {listed}")

@@ -33,6 +33,20 @@ class Normalizer(struct.PyTreeNode):
         return Normalizer(mean=mean, var=m2 / total, count=total)
 
 
+def scale_by_return_std(
+    normalizer: Normalizer,
+    reward: Array,
+    discounted_return: Array,
+    cross_device_mean: Callable[[Array], Array],
+    cross_device_sum: Callable[[Array], Array],
+    clip: float = 10.0,
+) -> tuple[Normalizer, Array]:
+    """Folds a rollout's discounted returns into their statistics, then divides its rewards by their std
+    (clipped to +-clip, as Stable-Baselines3's VecNormalize clips them)."""
+    normalizer = fold_batch(normalizer, discounted_return[..., None], cross_device_mean, cross_device_sum)
+    return normalizer, jnp.clip(reward / jnp.sqrt(normalizer.var[0] + 1e-8), -clip, clip)
+
+
 def fold_batch(
     normalizer: Normalizer,
     obs: Array,

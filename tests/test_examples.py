@@ -87,8 +87,17 @@ def test_walking_presets_cpu_by_default_and_gpu_with_every_sim2real_component() 
         preset_config([]) is CPU_CONFIG is DEFAULT_CONFIG and preset_config(["preset=gpu", "num_envs=8"]) is GPU_CONFIG
     )
     cpu = WalkingTask(CPU_CONFIG)  # builds the model and checks every component; nothing compiles
-    assert not cpu.randomizations and cpu.command is None and not cpu.events and CPU_CONFIG.num_envs == 128
+    assert (
+        not cpu.components.randomizations
+        and cpu.components.command is None
+        and not cpu.components.events
+        and CPU_CONFIG.num_envs == 128
+    )
     gpu = WalkingTask(GPU_CONFIG)
-    assert len(gpu.randomizations) == 9 and gpu.command is not None and len(gpu.events) == 1
+    assert (
+        len(gpu.components.randomizations) == 9
+        and gpu.components.command is not None
+        and len(gpu.components.events) == 1
+    )
     assert gpu.environment.noisy_observations(deterministic=False) and GPU_CONFIG.action_delay_steps == 1
     assert gpu.environment.observation_layout()[-1] == ("Command", 3) and GPU_CONFIG.num_envs == 2048

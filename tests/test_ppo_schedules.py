@@ -1,4 +1,5 @@
-"""The update's step size: the adaptive (KL-driven) and linear learning-rate schedules, and reward scaling."""
+"""The update's step size: the adaptive (KL-driven) and linear learning-rate schedules, reward scaling and
+return normalization."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ import pytest
 from helpers import DistributedCartpoleTask, cartpole_config, distributed_cartpole_config
 
 from examples.cartpole import CartpoleTask
-from ksim.task.ppo_update import adapt_learning_rate, gaussian_kl
+from ksim.checkpoint import with_unset_fields
+from ksim.normalization import Normalizer, scale_by_return_std
+from ksim.task.ppo_update import adapt_learning_rate, gaussian_kl, identity
 from ksim.task.rl import Metrics
 
 # 2 passes x 2 minibatches: 4 optimizer steps per update.
@@ -109,3 +112,68 @@ def test_adaptive_rate_is_the_same_on_every_device(task_class: type, same: bool)
     assert (len(set(rates.tolist())) == 1) == same, rates
     if same:
         assert not task.replica_divergences(state)
+
+
+def test_scale_by_return_std_divides_by_the_running_std_and_clips() -> None:
+    rng = np.random.default_rng(0)
+    returns = jnp.asarray(rng.normal(3.0, 2.0, size=(8, 4)), jnp.float32)
+    reward = jnp.asarray(rng.normal(0.0, 1.0, size=(8, 4)), jnp.float32).at[0, 0].set(1e3)
+    statistics, scaled = scale_by_return_std(Normalizer.create(1), reward, returns, identity, identity)
+    assert float(statistics.count) == pytest.approx(32 + 1e-4)
+    assert float(statistics.var[0]) == pytest.approx(np.var(np.asarray(returns)), rel=1e-3)  # the prior weighs 1e-4
+    expected = np.clip(np.asarray(reward) / np.sqrt(float(statistics.var[0]) + 1e-8), -10, 10)
+    np.testing.assert_allclose(np.asarray(scaled), expected, rtol=1e-6)
+    assert float(scaled[0, 0]) == 10.0
+
+
+def test_unset_fields_fill_in_for_a_checkpoint_written_before_them() -> None:
+    expected = {"params": {"w": 1}, "return_normalizer": None}
+    assert with_unset_fields(expected, {"params": {"w": 2}}) == {"params": {"w": 2}, "return_normalizer": None}
+    assert with_unset_fields({"n": {"mean": 0}}, {}) == {}  # a field that is set stays missing: refused later
+
+
+@pytest.fixture(scope="module")
+def normalized() -> CartpoleTask:
+    # Episodes of 3 steps: every 8-step rollout crosses episode starts.
+    return CartpoleTask(
+        cartpole_config(normalize_returns=True, gamma=0.9, episode_length_s=None, episode_length_steps=3)
+    )
+
+
+def test_each_episode_carries_its_discounted_return(normalized: CartpoleTask) -> None:
+    state = normalized.init_train_state()
+    _, trajectory, _ = jax.device_get(normalized.programs["rollout"](state.shared, state.env))
+    reward, returns = np.asarray(trajectory.reward), np.asarray(trajectory.discounted_return)
+    done = np.asarray(trajectory.terminated | trajectory.truncated)
+    np.testing.assert_allclose(returns[0], reward[0], rtol=1e-6)  # every env's first episode starts here
+    continuing = 0.9 * returns[:-1] * ~done[:-1] + reward[1:]
+    np.testing.assert_allclose(returns[1:], continuing, rtol=1e-5)
+    assert done[2].all() and done[5].all()  # the accumulator restarts with every episode
+
+
+def test_normalize_returns_updates_on_rewards_over_the_return_std(normalized: CartpoleTask) -> None:
+    state = normalized.init_train_state()
+    assert state.shared.return_normalizer is not None
+    after, _ = jax.device_get(normalized.train_step(state))
+    # By hand: the same rollout, its rewards over the statistics' std, the same update.
+    _, trajectory, _ = normalized.programs["rollout"](state.shared, state.env)
+    update_key, _ = jax.random.split(state.rng)
+    statistics, reward = scale_by_return_std(
+        state.shared.return_normalizer, trajectory.reward, trajectory.discounted_return, identity, identity
+    )
+    shared = state.shared.replace(return_normalizer=statistics)
+    expected, _ = normalized.programs["update"](shared, trajectory.replace(reward=reward), update_key)
+    assert float(after.shared.return_normalizer.count) == pytest.approx(8 * 8 + 1e-4)
+    jax.tree.map(
+        lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7), after.shared.params, expected.params
+    )
+
+
+def test_return_statistics_are_the_same_on_every_device() -> None:
+    config = distributed_cartpole_config(num_devices=4, num_envs=16, batch_size=8, normalize_returns=True)
+    task = DistributedCartpoleTask(config)
+    state, _ = task.train_step(task.init_train_state())
+    counts = np.asarray(state.shared.return_normalizer.count)
+    assert counts.shape == (4,) and np.all(counts == counts[0])
+    assert float(counts[0]) == pytest.approx(16 * 8 + 1e-4)  # every device's returns, not its own
+    assert not task.replica_divergences(state)

@@ -136,6 +136,7 @@ class EnvSettings:
     max_episode_steps: int
     action_delay_steps: int = 0
     eval_observation_noise: bool = False
+    gamma: float = 0.99  # discounts Episode.discounted_return
 
 
 @dataclass(frozen=True)
@@ -249,6 +250,7 @@ class Environment:
             last_action=no_action,
             episode_return=jnp.zeros(()),
             episode_length=jnp.zeros((), jnp.int32),
+            discounted_return=jnp.zeros(()),
             rng=rng,
             randomized=randomized,
             command=command,
@@ -301,6 +303,7 @@ class Environment:
         episode_length = episode.episode_length + 1
         truncated = (episode_length >= self.settings.max_episode_steps) & ~terminated
         episode_return = episode.episode_return + reward
+        discounted_return = episode.discounted_return * self.settings.gamma + reward
         stepped = episode.replace(
             data=data,
             obs=next_obs,
@@ -309,6 +312,7 @@ class Environment:
             last_action=action,
             episode_return=episode_return,
             episode_length=episode_length,
+            discounted_return=discounted_return,
             rng=rng,
             command=command,
             command_timer=command_timer,
@@ -327,5 +331,6 @@ class Environment:
             critic_obs=episode.critic_obs,
             next_critic_obs=next_critic_obs,
             carry=chosen.carry,
+            discounted_return=discounted_return,
         )
         return stepped, Transition(trajectory, episode_return, episode_length, reward_terms)

@@ -56,7 +56,6 @@ class PPOConfig(RLConfig):
     reward_scaling: float = xax.field(
         1.0, help="Rewards are multiplied by this in the update (Brax's reward_scaling); logged returns are not."
     )
-    gamma: float = xax.field(0.99, help="Discount factor.")
     gae_lambda: float = xax.field(0.95, help="GAE lambda.")
     clip_eps: float = xax.field(0.2, help="PPO ratio clipping.")
     value_clip_eps: float = xax.field(0.2, help="Value clipping around the rollout's values (0 disables).")

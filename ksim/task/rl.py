@@ -28,7 +28,7 @@ from ksim.commands import Command
 from ksim.config import ConfigError, require_choice, require_divisible, require_non_negative, require_positive
 from ksim.engine import PhysicsEngine, substeps_divide
 from ksim.events import Event
-from ksim.normalization import Normalizer, fold_batch
+from ksim.normalization import fold_batch, scale_by_return_std
 from ksim.observations import Observation
 from ksim.physics import PHYSICS_IMPLS, create_engine
 from ksim.randomization import Randomization
@@ -62,19 +62,6 @@ Metrics = dict[str, Array]
 ConfigT = TypeVar("ConfigT", bound=RLConfig)
 
 
-def initial_shared(
-    init_params: Callable[[Array], Any], optimizer: optax.GradientTransformation, environment: Environment, rng: Array
-) -> SharedState:
-    """New shared state: initial parameters, their optimizer state and empty observation statistics."""
-    params = init_params(rng)
-    return SharedState(
-        params=params,
-        opt_state=optimizer.init(params),
-        normalizer=Normalizer.create(environment.observation_dim),
-        critic_normalizer=Normalizer.create(environment.critic_observation_dim),
-    )
-
-
 class RLTask(ABC, Generic[ConfigT]):
     """An RL task: subclass it with a robot model and components, and an algorithm (PPOTask)."""
 
@@ -103,7 +90,8 @@ class RLTask(ABC, Generic[ConfigT]):
         self.curriculum = self.get_terrain_curriculum()
         steps = episode_steps(config)
         self.terrain_use = terrain_use(self.terrain, self.curriculum, components.command, self.engine, config, steps)
-        settings = EnvSettings(config.ctrl_dt, steps, config.action_delay_steps, config.eval_observation_noise)
+        noise = config.eval_observation_noise
+        settings = EnvSettings(config.ctrl_dt, steps, config.action_delay_steps, noise, config.gamma)
         spawn_jitter = self.terrain_use.spawn_jitter
         self.environment = Environment(self.engine, components, settings, self, self.terrain, spawn_jitter)
         self.env_pool = EnvPool(self.environment, self.terrain_use)
@@ -120,9 +108,12 @@ class RLTask(ABC, Generic[ConfigT]):
                 "train_step": (self.train_step_shard, (0,)),
             },
         )
-        self._init_shared = jax.jit(
-            functools.partial(initial_shared, self.init_params, self.optimizer, self.environment)
-        )
+
+        def init_shared(rng: Array) -> SharedState:
+            dims = (self.environment.observation_dim, self.environment.critic_observation_dim)
+            return SharedState.initial(self.init_params(rng), self.optimizer, *dims, config.normalize_returns)
+
+        self._init_shared = jax.jit(init_shared)
         self.checkpoints = RunCheckpoints(
             lambda: task_metadata(self.task_name, type(self), config, self.environment, self.memory_settings()),
             lambda: self.init_shared(jax.random.PRNGKey(0)),
@@ -331,13 +322,17 @@ class RLTask(ABC, Generic[ConfigT]):
         update_key, rng = jax.random.split(state.rng)
         env, trajectory, rollout_metrics = self.rollout_shard(state.shared, state.env)
         self.debug_print("rollout", {k: rollout_metrics[k] for k in ("episodes_finished", "episode_return_sum")})
-        shared, update_metrics = self.update_shard(state.shared, trajectory, update_key)
+        shared, devices = state.shared, (self.cross_device_mean, self.cross_device_sum)
+        if shared.return_normalizer is not None:
+            returns, reward = scale_by_return_std(
+                shared.return_normalizer, trajectory.reward, trajectory.discounted_return, *devices
+            )
+            shared, trajectory = shared.replace(return_normalizer=returns), trajectory.replace(reward=reward)
+        shared, update_metrics = self.update_shard(shared, trajectory, update_key)
         if self.config.normalize_observations:
             # The newest frame of each observation; the critic's own observations with their own statistics.
             newest = trajectory.obs[..., trajectory.obs.shape[-1] - self.environment.observation_dim :]
-            fold = functools.partial(
-                fold_batch, cross_device_mean=self.cross_device_mean, cross_device_sum=self.cross_device_sum
-            )
+            fold = functools.partial(fold_batch, cross_device_mean=devices[0], cross_device_sum=devices[1])
             shared = shared.replace(normalizer=fold(shared.normalizer, newest))
             if self.critic_observations is not None:
                 shared = shared.replace(critic_normalizer=fold(shared.critic_normalizer, trajectory.critic_obs))

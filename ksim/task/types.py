@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import jax
+import optax
 import xax
 from flax import struct
 from mujoco import mjx
@@ -52,7 +53,13 @@ class RLConfig:
     )
     num_steps: int = xax.field(100, help="Train steps to run (one rollout + one update each).")
     seed: int = xax.field(0, help="Random seed for params, environments and minibatches.")
+    gamma: float = xax.field(0.99, help="Discount factor (of GAE and of normalize_returns' return).")
     normalize_observations: bool = xax.field(True, help="Keep running observation statistics.")
+    normalize_returns: bool = xax.field(
+        False,
+        help="Divide rewards in the update by the running std of each env's discounted return, clipped to +-10 "
+        "(Gymnasium's NormalizeReward, Stable-Baselines3's VecNormalize); logged returns stay raw.",
+    )
     log_every_n_steps: int = xax.field(1, help="Print and record metrics every N train steps.")
     save_every_n_steps: int = xax.field(100, help="Write a checkpoint every N train steps (0: only at the end).")
     eval_every_n_steps: int = xax.field(0, help="Evaluate the deterministic policy every N train steps (0: never).")
@@ -133,6 +140,7 @@ class Episode(struct.PyTreeNode):
     last_action: Array
     episode_return: Array
     episode_length: Array
+    discounted_return: Array  # sum of gamma^(t - k) reward_k over the episode's steps k <= t so far
     rng: Array
     randomized: Randomized  # this episode's model fields and PD-gain scales (empty dicts: none)
     command: Array  # (command size,)
@@ -155,6 +163,7 @@ class Trajectory(struct.PyTreeNode):
     critic_obs: Array  # the critic's own observations (empty without a critic group)
     next_critic_obs: Array
     carry: Array  # (2, recurrent_size) GRU states before the step
+    discounted_return: Array  # the episode's discounted return after the step (normalize_returns' statistic)
 
 
 class Transition(struct.PyTreeNode):
@@ -199,6 +208,25 @@ class SharedState(struct.PyTreeNode):
     opt_state: Any
     normalizer: Normalizer
     critic_normalizer: Normalizer
+    return_normalizer: Normalizer | None = None  # normalize_returns: the discounted return's statistics
+
+    @classmethod
+    def initial(
+        cls,
+        params: Any,
+        optimizer: optax.GradientTransformation,
+        observation_dim: int,
+        critic_observation_dim: int,
+        normalize_returns: bool,
+    ) -> SharedState:
+        """New shared state: `params`, their optimizer state and empty statistics."""
+        return cls(
+            params=params,
+            opt_state=optimizer.init(params),
+            normalizer=Normalizer.create(observation_dim),
+            critic_normalizer=Normalizer.create(critic_observation_dim),
+            return_normalizer=Normalizer.create(1) if normalize_returns else None,
+        )
 
 
 class TrainState(struct.PyTreeNode):
