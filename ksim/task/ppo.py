@@ -16,6 +16,7 @@ from ksim.networks import ACTOR, CRITIC, ActorCritic, RecurrentActorCritic, gaus
 from ksim.task.memory import PolicyMemory, episode_starts, unroll
 from ksim.task.ppo_update import (
     PPOBatch,
+    UpdateHooks,
     adapt_learning_rate,
     compute_gae,
     network_outputs,
@@ -304,9 +305,11 @@ class PPOTask(RLTask[PPOConfigT]):
             rng,
             self.config.num_passes,
             self.num_minibatches,
-            self.normalize_advantage,
-            self.sync_gradients,
-            self.adapt_optimizer if self.config.learning_rate_schedule == "adaptive" else None,
+            UpdateHooks(
+                self.normalize_advantage,
+                self.sync_gradients,
+                self.adapt_optimizer if self.config.learning_rate_schedule == "adaptive" else None,
+            ),
         )
         metrics["value_mean"] = jnp.mean(batch.value)
         self.debug_print("update", {k: metrics[k] for k in ("loss", "local_grad_norm", "approx_kl")})

@@ -6,6 +6,7 @@ they are testable on their own.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Protocol, cast
 
 import flax.linen as nn
@@ -140,6 +141,16 @@ def identity(tree: Any) -> Any:
     return tree
 
 
+@dataclass(frozen=True)
+class UpdateHooks:
+    """Where the update meets the devices and the schedule: advantage statistics and gradients over devices
+    (identity on one), and a change of the optimizer's state from a minibatch's metrics (its learning rate)."""
+
+    normalize_advantage: Callable[[Array], Array] = identity
+    sync_gradients: Callable[[Any], Any] = identity
+    adapt_optimizer: Callable[[Any, Metrics], Any] | None = None
+
+
 def ppo_minibatch_update(
     model: nn.Module,
     optimizer: optax.GradientTransformation,
@@ -147,20 +158,18 @@ def ppo_minibatch_update(
     params: Any,
     opt_state: Any,
     minibatch: PPOBatch,
-    normalize_advantage: Callable[[Array], Array] = identity,
-    sync_gradients: Callable[[Any], Any] = identity,
-    adapt_optimizer: Callable[[Any, Metrics], Any] | None = None,
+    hooks: UpdateHooks = UpdateHooks(),
 ) -> tuple[Any, Any, Metrics]:
-    """One optimizer step on one minibatch: the PPO loss's gradient (`sync_gradients`: averaged over devices
-    where the caller needs it), then the optimizer. `adapt_optimizer(opt_state, metrics)` may change the
-    optimizer's state (its learning rate) from this minibatch's metrics first. Returns the new params,
-    optimizer state and metrics."""
-    advantage = normalize_advantage(minibatch.advantage)
+    """One optimizer step on one minibatch: the PPO loss's gradient (`hooks.sync_gradients`: averaged over
+    devices where the caller needs it), then the optimizer, whose state `hooks.adapt_optimizer(opt_state,
+    metrics)` may change first from this minibatch's metrics. Returns the new params, optimizer state and
+    metrics."""
+    advantage = hooks.normalize_advantage(minibatch.advantage)
     grads, metrics = jax.grad(lambda p: ppo_loss(model, p, minibatch, config, advantage), has_aux=True)(params)
     metrics["local_grad_norm"] = optax.tree.norm(grads)
-    grads = sync_gradients(grads)
-    if adapt_optimizer is not None:
-        opt_state = adapt_optimizer(opt_state, metrics)
+    grads = hooks.sync_gradients(grads)
+    if hooks.adapt_optimizer is not None:
+        opt_state = hooks.adapt_optimizer(opt_state, metrics)
     updates, opt_state = optimizer.update(grads, opt_state, params)
     if isinstance(opt_state, optax.InjectHyperparamsState | optax.InjectStatefulHyperparamsState):
         metrics["learning_rate"] = opt_state.hyperparams["learning_rate"]
@@ -177,9 +186,7 @@ def ppo_epochs(
     rng: Array,
     num_passes: int,
     num_minibatches: int,
-    normalize_advantage: Callable[[Array], Array] = identity,
-    sync_gradients: Callable[[Any], Any] = identity,
-    adapt_optimizer: Callable[[Any, Metrics], Any] | None = None,
+    hooks: UpdateHooks = UpdateHooks(),
 ) -> tuple[Any, Any, Metrics]:
     """`num_passes` epochs over `batch` (env-major), each shuffling its envs and cutting them into
     `num_minibatches` minibatches of whole trajectories. Returns the new params, optimizer state and the
@@ -189,9 +196,7 @@ def ppo_epochs(
 
     def minibatch_step(carry: tuple[Any, Any], minibatch: PPOBatch) -> tuple[tuple[Any, Any], Metrics]:
         params, opt_state = carry
-        params, opt_state, metrics = ppo_minibatch_update(
-            model, optimizer, config, params, opt_state, minibatch, normalize_advantage, sync_gradients, adapt_optimizer
-        )
+        params, opt_state, metrics = ppo_minibatch_update(model, optimizer, config, params, opt_state, minibatch, hooks)
         return (params, opt_state), metrics
 
     def epoch(carry: tuple[Any, Any], key: Array) -> tuple[tuple[Any, Any], Metrics]:
