@@ -131,7 +131,7 @@ def test_update_on_n_devices_equals_single_device_update(task: MemoryTask, rollo
     per_device = jax.tree.map(lambda x: np.swapaxes(x, 1, 2), shard_env_axis(env_major, num_devices))
     placed = put_sharded(per_device, distributed.devices, distributed.axis_name)
     place = distributed.place_replicated
-    result, metrics = distributed.update(place(shared), placed, place(rng))
+    result, metrics = distributed.programs["update"](place(shared), placed, place(rng))
 
     assert relative_error(distributed.fetch_replicated(result), jax.device_get(expected)) < 1e-5
     assert relative_error(distributed.fetch_replicated(metrics)["loss"], expected_metrics["loss"]) < 1e-5
