@@ -97,8 +97,8 @@ def compile_programs(programs: dict[str, AheadOfTimeProgram], verbose: bool) -> 
 
 
 class Programs:
-    """Per-shard functions as device programs: `programs[name]` compiles on first call (jit or pmap, by
-    `compile`); `precompile` compiles the run's programs ahead of time and `get` then returns those."""
+    """Per-shard functions as device programs: `programs[name]` is the one compiled ahead of time (`precompile`)
+    where there is one, else the jit (or pmap, by `compile`) function, which compiles on its first call."""
 
     def __init__(
         self, compile: Compile, shard_functions: dict[str, tuple[Callable[..., Any], tuple[int, ...]]]
@@ -109,6 +109,11 @@ class Programs:
         self._ahead_of_time: dict[str, Program] = {}
 
     def __getitem__(self, name: str) -> Program:
+        """The program `name`: the one `precompile` compiled, else the function (which compiles on first call)."""
+        return self.get(name, self.function(name))
+
+    def function(self, name: str) -> Program:
+        """The jitted (or pmapped) function of `name`, whose `.lower(...)` compiles it ahead of time."""
         if name not in self._programs:
             function, donate_argnums = self._shard_functions[name]
             self._programs[name] = self._compile(function, donate_argnums)

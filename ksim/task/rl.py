@@ -304,7 +304,7 @@ class RLTask(ABC, Generic[ConfigT]):
         """What a run compiles before its first train step: {name in `programs`: (what the log calls it, a
         function lowering it)}."""
         programs: dict[str, AheadOfTimeProgram] = {
-            "train_step": ("train step", lambda: self.programs["train_step"].lower(state))
+            "train_step": ("train step", lambda: self.programs.function("train_step").lower(state))
         }
         if self.config.eval_every_n_steps:
             eval_inputs = self.evaluator.inputs(self.fetch_replicated(state.shared))
@@ -342,7 +342,7 @@ class RLTask(ABC, Generic[ConfigT]):
     # ----- entry points -----------------------------------------------------------------------------------------
 
     def train_step(self, state: TrainState) -> tuple[TrainState, Metrics]:
-        return self.programs.get("train_step", self.programs["train_step"])(state)
+        return self.programs["train_step"](state)
 
     def init_shared(self, rng: Array) -> SharedState:
         """New shared state (one program, so one persistent-cache entry rather than one per initializer op)."""
