@@ -102,6 +102,23 @@ class JointVelocity(Observation):
 
 
 @dataclass(frozen=True)
+class GeneralizedPosition(Observation):
+    """The model's whole `qpos` but its first `skip` values (Gymnasium's MuJoCo tasks leave out the root's x, or
+    its x and y, so that the policy does not see where it is)."""
+
+    skip: int = 0
+
+    def bind(self, layout: ModelLayout) -> Self:
+        size = sum(len(coordinates) for coordinates in layout.joint_qpos)
+        if not 0 <= self.skip < size:
+            raise ConfigError(f"{self.name}.skip={self.skip} must be >= 0 and below the model's {size} qpos values")
+        return self
+
+    def observe(self, ctx: StepContext) -> Array:
+        return ctx.data.qpos[self.skip :]
+
+
+@dataclass(frozen=True)
 class _BaseObservation(Observation):
     def bind(self, layout: ModelLayout) -> Self:
         layout.require_moving_base(self.name)

@@ -58,3 +58,11 @@ class RandomJointVelocities(_JointNoise):
 
     def apply(self, qpos: Array, qvel: Array, layout: ModelLayout, rng: Array) -> tuple[Array, Array]:
         return qpos, qvel.at[self.qvel_index].add(self.noise(rng, len(self.qvel_index)))
+
+
+@dataclass(frozen=True)
+class GaussianJointVelocities(_JointNoise):
+    """Adds Gaussian noise of standard deviation `scale` to the joints' velocities (the robot joints unless named)."""
+
+    def apply(self, qpos: Array, qvel: Array, layout: ModelLayout, rng: Array) -> tuple[Array, Array]:
+        return qpos, qvel.at[self.qvel_index].add(self.scale * jax.random.normal(rng, (len(self.qvel_index),)))

@@ -59,6 +59,16 @@ class StayAlive(Reward):
 
 
 @dataclass(frozen=True)
+class Healthy(Reward):
+    """1 at every step but the one at which a termination ends the episode (Gymnasium v5's healthy reward)."""
+
+    def value(self, ctx: StepContext) -> Array:
+        if ctx.terminated is None:
+            return jnp.ones(())
+        return jnp.where(ctx.terminated, 0.0, 1.0)
+
+
+@dataclass(frozen=True)
 class Upright(_BaseReward):
     """1 when the base is upright, falling to -1 upside down."""
 
@@ -103,6 +113,15 @@ class ControlCost(Reward):
 
     def value(self, ctx: StepContext) -> Array:
         return jnp.sum(jnp.square(ctx.ctrl))
+
+
+@dataclass(frozen=True)
+class ActionCost(Reward):
+    """Squared action as the policy chose it (before the actuators scale or clip it), summed: Gymnasium's
+    control cost, which charges actions outside the control range in full."""
+
+    def value(self, ctx: StepContext) -> Array:
+        return jnp.sum(jnp.square(ctx.action))
 
 
 @dataclass(frozen=True)

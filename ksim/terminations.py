@@ -9,6 +9,7 @@ from typing import Self
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from ksim.binding import resolved, with_resolved
 from ksim.config import ConfigError
@@ -95,6 +96,51 @@ class JointOutOfRange(Termination):
 
     def terminated(self, ctx: StepContext) -> Array:
         return jnp.any(jnp.abs(ctx.joint_pos_of(self.joint_ids)) > self.limit)
+
+
+@dataclass(frozen=True)
+class JointPositionOutside(Termination):
+    """A named one-value joint's position (a slide's or hinge's, root joints included) is not strictly between
+    `low` and `high`."""
+
+    joint: str
+    low: float = -math.inf
+    high: float = math.inf
+    qpos_index: int = resolved()
+
+    def bind(self, layout: ModelLayout) -> Self:
+        setting = f"{self.name}.joint"
+        (joint,) = layout.joints((self.joint,), setting)
+        size = len(layout.joint_qpos[joint])
+        if size != 1:
+            raise ConfigError(f"{setting}={self.joint!r} has {size} position values; name a slide or hinge joint")
+        if self.low >= self.high:
+            raise ConfigError(f"{self.name}: low={self.low} must be below high={self.high}")
+        return with_resolved(self, qpos_index=layout.joint_qpos[joint][0])
+
+    def terminated(self, ctx: StepContext) -> Array:
+        position = ctx.data.qpos[self.qpos_index]
+        return ~((position > self.low) & (position < self.high))
+
+
+@dataclass(frozen=True)
+class StateOutsideRange(Termination):
+    """A position (but those of the joints named in `skip`) or a velocity is not strictly between `low` and
+    `high` (Gymnasium's Hopper checks its state this way, leaving out the root's x and z)."""
+
+    low: float = -100.0
+    high: float = 100.0
+    skip: tuple[str, ...] = ()
+    qpos_index: np.ndarray = resolved()
+
+    def bind(self, layout: ModelLayout) -> Self:
+        skipped = set(layout.qpos_indices(layout.joints(self.skip, f"{self.name}.skip"))) if self.skip else set()
+        every = layout.qpos_indices(range(len(layout.joint_names)))
+        return with_resolved(self, qpos_index=np.asarray([i for i in every if i not in skipped], np.int32))
+
+    def terminated(self, ctx: StepContext) -> Array:
+        state = jnp.concatenate([ctx.data.qpos[self.qpos_index], ctx.data.qvel])
+        return ~jnp.all((state > self.low) & (state < self.high))
 
 
 @dataclass(frozen=True)
