@@ -13,8 +13,9 @@ from helpers import DistributedCartpoleTask, cartpole_config, distributed_cartpo
 
 from examples.cartpole import CartpoleTask
 from ksim.checkpoint import with_unset_fields
+from ksim.config import ConfigError
 from ksim.normalization import Normalizer, scale_by_return_std
-from ksim.task.ppo_update import adapt_learning_rate, gaussian_kl, identity
+from ksim.task.ppo_update import UpdateHooks, adapt_learning_rate, gaussian_kl, identity, ppo_epochs
 from ksim.task.rl import Metrics
 
 # 2 passes x 2 minibatches: 4 optimizer steps per update.
@@ -177,3 +178,30 @@ def test_return_statistics_are_the_same_on_every_device() -> None:
     assert counts.shape == (4,) and np.all(counts == counts[0])
     assert float(counts[0]) == pytest.approx(16 * 8 + 1e-4)  # every device's returns, not its own
     assert not task.replica_divergences(state)
+
+
+def test_step_shuffling_is_the_update_of_one_step_trajectories(rollout: tuple[Any, Any]) -> None:
+    """minibatch_shuffle=steps: an epoch's minibatches draw single steps from any env."""
+    normalizer, trajectory = rollout
+    task = CartpoleTask(cartpole_config(minibatch_shuffle="steps"))
+    shared = task.init_shared(jax.random.PRNGKey(0)).replace(normalizer=normalizer)
+    batch = task.prepare_batch(shared, trajectory)
+    steps = jax.tree.map(lambda x: x.reshape(-1, 1, *x.shape[2:]), batch)
+    hooks = UpdateHooks(task.normalize_advantage, task.sync_gradients)
+    expected = ppo_epochs(
+        task.model,
+        task.optimizer,
+        task.config,
+        shared.params,
+        shared.opt_state,
+        steps,
+        jax.random.PRNGKey(1),
+        2,
+        2,
+        hooks,
+    )
+    result, _ = jax.device_get(task.programs["update"](shared, trajectory, jax.random.PRNGKey(1)))
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7), result.params, expected[0])
+    assert steps.advantage.shape == (64, 1)  # 8 envs x 8 steps, 32 per minibatch
+    with pytest.raises(ConfigError, match="minibatch_shuffle='steps' needs a memoryless policy"):
+        CartpoleTask(cartpole_config(minibatch_shuffle="steps", recurrent_size=4))

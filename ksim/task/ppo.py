@@ -54,6 +54,12 @@ class PPOConfig(RLConfig):
     desired_kl: float = xax.field(0.01, help="learning_rate_schedule=adaptive: the KL it steers each minibatch to.")
     min_learning_rate: float = xax.field(1e-5, help="learning_rate_schedule=adaptive: the lowest rate.")
     max_learning_rate: float = xax.field(1e-2, help="learning_rate_schedule=adaptive: the highest rate.")
+    minibatch_shuffle: str = xax.field(
+        "envs",
+        help="What each epoch shuffles into its num_envs / batch_size minibatches: 'envs' (whole env trajectories, "
+        "batch_size envs each; recurrent policies need it) or 'steps' (single control steps from any env, "
+        "batch_size x rollout_length_frames each, as CleanRL and SB3 shuffle; memoryless policies).",
+    )
     reward_scaling: float = xax.field(
         1.0, help="Rewards are multiplied by this in the update (Brax's reward_scaling); logged returns are not."
     )
@@ -87,6 +93,12 @@ class PPOTask(RLTask[PPOConfigT]):
         config = self.config
         require_positive(config, "learning_rate", "clip_eps", "observation_history", "reward_scaling", "desired_kl")
         require_choice(config, "learning_rate_schedule", LEARNING_RATE_SCHEDULES)
+        require_choice(config, "minibatch_shuffle", ("envs", "steps"))
+        if config.minibatch_shuffle == "steps" and config.recurrent_size > 0:
+            raise ConfigError(
+                f"minibatch_shuffle='steps' needs a memoryless policy (recurrent_size={config.recurrent_size}): a GRU "
+                "replays whole trajectories"
+            )
         if config.learning_rate_schedule == "adaptive":
             require_positive(config, "min_learning_rate")
             if not config.min_learning_rate <= config.learning_rate <= config.max_learning_rate:
@@ -293,8 +305,10 @@ class PPOTask(RLTask[PPOConfigT]):
         return self.config.num_envs // self.config.batch_size
 
     def update_shard(self, shared: SharedState, trajectory: Trajectory, rng: Array) -> tuple[SharedState, Metrics]:
-        """`num_passes` epochs over shuffled minibatches of this shard's whole env trajectories."""
+        """`num_passes` epochs over shuffled minibatches of this shard's whole env trajectories (or its steps)."""
         batch = self.prepare_batch(shared, trajectory)
+        if self.config.minibatch_shuffle == "steps":  # each step a trajectory of its own
+            batch = jax.tree.map(lambda x: x.reshape(-1, 1, *x.shape[2:]), batch)
         params, opt_state, metrics = ppo_epochs(
             self.model,
             self.optimizer,
