@@ -364,11 +364,12 @@ TASKS: dict[str, type[GymnasiumTask]] = {
 # The small-budget preset, for comparing sample efficiency with CleanRL's ppo_continuous_action (one env, 2,048-step
 # rollouts, 32 minibatches, 10 epochs, Adam 3e-4 annealed to 0, 64x64 tanh networks, log std 0, no entropy bonus,
 # gradient clip 0.5, observation and return normalisation). ksim steps many envs at once, so its 2,048 samples per
-# update are 32 envs x 64 steps, and a minibatch is one env's 64 steps (ksim's minibatches are whole trajectories).
+# update are 32 envs x 64 steps, shuffled as single steps into 32 minibatches of 64 (minibatch_shuffle=steps).
 SMALL_BUDGET_PPO: dict[str, Any] = {
     "num_envs": 32,
     "rollout_length_frames": 64,
     "batch_size": 1,
+    "minibatch_shuffle": "steps",
     "num_passes": 10,
     "learning_rate": 3e-4,
     "learning_rate_schedule": "linear",
