@@ -3,7 +3,7 @@
 Two presets, picked with `preset=` (other settings override the preset's as usual):
 
     python -m examples.walking                          # preset=cpu: walk forward at target_velocity, CPU-sized
-                                                        # (TIME on a 2-core CPU: 9.2M env steps, ends near
+                                                        # (~11 min on a 2-core CPU: 9.2M env steps, ends near
                                                         # 1 m/s without falls)
     python -m examples.walking preset=gpu               # GPU-sized, for a real robot: track a random velocity
                                                         # command with domain randomization, pushes,
