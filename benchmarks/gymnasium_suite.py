@@ -263,14 +263,21 @@ class GymnasiumTask(DistributedPPOTask[GymnasiumConfig]):
         return rew.ControlCost(scale=-weight) if self.config.clip_actions else rew.ActionCost(scale=-weight)
 
 
-class HopperTask(GymnasiumTask):
-    gymnasium_id, xml_file, frame_skip = "Hopper-v5", "hopper.xml", 4
+class HoppingTask(GymnasiumTask):
+    """Hopper and Walker2d: the same observation, rewards and reset noise; their healthy ranges differ."""
 
     def get_observations(self) -> Sequence[obs.Observation]:
         return [obs.GeneralizedPosition(skip=1), obs.JointVelocity(scale=1.0, clip=10.0, joints=self.every_joint)]
 
     def get_rewards(self) -> Sequence[rew.Reward]:
         return [rew.ForwardProgress(scale=1.0), rew.Healthy(scale=1.0), self.control_cost(1e-3)]
+
+    def get_resets(self) -> Sequence[Reset]:
+        return [RandomJointPositions(5e-3, self.every_joint), RandomJointVelocities(5e-3, self.every_joint)]
+
+
+class HopperTask(HoppingTask):
+    gymnasium_id, xml_file, frame_skip = "Hopper-v5", "hopper.xml", 4
 
     def get_terminations(self) -> Sequence[term.Termination]:
         return [
@@ -279,27 +286,15 @@ class HopperTask(GymnasiumTask):
             term.StateOutsideRange(low=-100.0, high=100.0, skip=("rootx", "rootz")),
         ]
 
-    def get_resets(self) -> Sequence[Reset]:
-        return [RandomJointPositions(5e-3, self.every_joint), RandomJointVelocities(5e-3, self.every_joint)]
 
-
-class Walker2dTask(GymnasiumTask):
+class Walker2dTask(HoppingTask):
     gymnasium_id, xml_file, frame_skip = "Walker2d-v5", "walker2d_v5.xml", 4
-
-    def get_observations(self) -> Sequence[obs.Observation]:
-        return [obs.GeneralizedPosition(skip=1), obs.JointVelocity(scale=1.0, clip=10.0, joints=self.every_joint)]
-
-    def get_rewards(self) -> Sequence[rew.Reward]:
-        return [rew.ForwardProgress(scale=1.0), rew.Healthy(scale=1.0), self.control_cost(1e-3)]
 
     def get_terminations(self) -> Sequence[term.Termination]:
         return [
             term.JointPositionOutside("rootz", low=0.8, high=2.0),
             term.JointPositionOutside("rooty", low=-1.0, high=1.0),
         ]
-
-    def get_resets(self) -> Sequence[Reset]:
-        return [RandomJointPositions(5e-3, self.every_joint), RandomJointVelocities(5e-3, self.every_joint)]
 
 
 class HalfCheetahTask(GymnasiumTask):
