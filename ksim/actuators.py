@@ -19,9 +19,9 @@ import jax
 import jax.numpy as jnp
 import mujoco
 import numpy as np
-from mujoco import mjx
 
 from ksim.config import ConfigError
+from ksim.mjx_import import mjx
 
 Array = jax.Array
 

@@ -7,8 +7,6 @@ No task logic lives here. "Replicated" arrays have a leading device axis holding
 from __future__ import annotations
 
 import math
-import os
-import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -18,7 +16,11 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from ksim.xla_setup import jaxlib_version_tuple
+# Set up before JAX starts, so they live with the other such settings; kept importable from here.
+from ksim.xla_setup import avoid_cpu_lapack_deadlock as avoid_cpu_lapack_deadlock
+from ksim.xla_setup import cpu_thread_pool_size as cpu_thread_pool_size
+from ksim.xla_setup import lapack_splits_batches as lapack_splits_batches
+from ksim.xla_setup import requested_cpu_devices as requested_cpu_devices
 
 Array = jax.Array
 
@@ -26,41 +28,6 @@ Array = jax.Array
 def get_device_info() -> tuple[int, int, int]:
     """(process_count, process_id, local_device_count)."""
     return jax.process_count(), jax.process_index(), jax.local_device_count()
-
-
-def requested_cpu_devices() -> int:
-    """CPU devices asked for through XLA_FLAGS or JAX_NUM_CPU_DEVICES (1 when neither is set)."""
-    match = re.search(r"--xla_force_host_platform_device_count=(\d+)", os.environ.get("XLA_FLAGS", ""))
-    flag_count = int(match.group(1)) if match else 1
-    return max(flag_count, int(os.environ.get("JAX_NUM_CPU_DEVICES", "1") or 1))
-
-
-def _configured_pool_size() -> str | None:
-    """The CPU thread-pool size set through the environment (PJRT_NPROC, else NPROC), if any."""
-    return os.environ.get("PJRT_NPROC") or os.environ.get("NPROC")
-
-
-def cpu_thread_pool_size() -> int:
-    """Threads in XLA:CPU's intra-op pool: PJRT_NPROC or NPROC if set, else the usable CPUs."""
-    configured = _configured_pool_size()
-    return int(configured) if configured else len(os.sched_getaffinity(0))
-
-
-def lapack_splits_batches(jaxlib_version: str | None = None) -> bool:
-    """Whether jaxlib splits batched LAPACK calls over the CPU pool (0.10 and later): the deadlock below."""
-    return jaxlib_version_tuple(jaxlib_version) >= (0, 10)
-
-
-def avoid_cpu_lapack_deadlock() -> None:
-    """Sizes the CPU thread pool above the forced device count; must run before JAX's CPU backend starts.
-
-    jaxlib 0.10's batched LAPACK kernels (MJX's Cholesky) split big batches into chunks on the same pool
-    they run on and wait for them; when every pool thread is a device program waiting, nothing runs the
-    chunks and the process deadlocks. One thread more than there are devices is enough.
-    """
-    devices = requested_cpu_devices()
-    if devices > 1 and not _configured_pool_size() and lapack_splits_batches():
-        os.environ["PJRT_NPROC"] = str(max(len(os.sched_getaffinity(0)), devices + 1))
 
 
 def lapack_parallel_batch_threshold(nv: int) -> int:

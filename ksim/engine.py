@@ -28,9 +28,9 @@ import jax.numpy as jnp
 import mujoco
 import numpy as np
 from flax import struct
-from mujoco import mjx
 
 from ksim.config import ConfigError
+from ksim.mjx_import import mjx
 
 Array = jax.Array
 ASSETS_DIR = Path(__file__).parent / "assets"

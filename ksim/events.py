@@ -14,12 +14,12 @@ from typing import Self
 import jax
 import jax.numpy as jnp
 import numpy as np
-from mujoco import mjx
 
 from ksim.binding import resolved, with_resolved
 from ksim.commands import require_interval, steps_in
 from ksim.config import ConfigError
 from ksim.engine import ModelLayout
+from ksim.mjx_import import mjx
 
 Array = jax.Array
 

@@ -24,6 +24,7 @@ it passed on, and pyproject.toml allows just those.
 
 from __future__ import annotations
 
+import importlib
 import importlib.metadata
 from dataclasses import dataclass
 from typing import Any
@@ -32,15 +33,18 @@ import jax
 import jax.numpy as jnp
 import mujoco
 import numpy as np
-from mujoco import mjx
-from mujoco.mjx import warp as _mjx_warp
-from mujoco.mjx._src import collision_driver as _mjx_collision
-from mujoco.mjx._src import smooth as _mjx_smooth
-from mujoco.mjx.warp import types as _mjx_warp_types
 
 from ksim.config import ConfigError
+from ksim.mjx_import import mjx
 
 Array = jax.Array
+
+# The MJX internals the contract relies on; loaded after ksim.mjx_import has imported MJX quietly (an import
+# statement would be sorted above it).
+_mjx_warp = importlib.import_module("mujoco.mjx.warp")
+_mjx_collision = importlib.import_module("mujoco.mjx._src.collision_driver")
+_mjx_smooth = importlib.import_module("mujoco.mjx._src.smooth")
+_mjx_warp_types = importlib.import_module("mujoco.mjx.warp.types")
 
 TESTED_MJX_VERSIONS = ("3.17",)  # major.minor releases of mujoco-mjx the contract tests passed on
 MJX_IMPLS = ("jax", "warp")

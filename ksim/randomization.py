@@ -16,12 +16,12 @@ from typing import ClassVar, Self
 import jax
 import numpy as np
 from flax import struct
-from mujoco import mjx
 
 from ksim.actuators import Actuators, PositionActuators, PositionServoActuators
 from ksim.binding import resolved, with_resolved
 from ksim.config import ConfigError
 from ksim.engine import ModelLayout, body_index
+from ksim.mjx_import import mjx
 
 Array = jax.Array
 

@@ -1,4 +1,8 @@
-"""Process settings that must be in place before JAX starts (or before jaxlib loads); imports nothing of JAX."""
+"""Process settings that must be in place before JAX starts (or before jaxlib loads); imports nothing of JAX.
+
+`import ksim` applies them; each only sets environment variables, so `import ksim` works without JAX
+installed (a robot's runtime: numpy, mujoco, onnxruntime).
+"""
 
 from __future__ import annotations
 
@@ -15,8 +19,13 @@ def version_tuple(version: str) -> tuple[int, ...]:
 
 
 def jaxlib_version_tuple(jaxlib_version: str | None = None) -> tuple[int, ...]:
-    """The given jaxlib version (tests pass one), else the installed one, as a tuple."""
-    return version_tuple(jaxlib_version or importlib.metadata.version("jaxlib"))
+    """The given jaxlib version (tests pass one), else the installed one, as a tuple; () without jaxlib."""
+    if jaxlib_version is None:
+        try:
+            jaxlib_version = importlib.metadata.version("jaxlib")
+        except importlib.metadata.PackageNotFoundError:  # a robot's runtime: ksim without JAX
+            return ()
+    return version_tuple(jaxlib_version)
 
 
 def quiet_cached_program_loads(jaxlib_version: str | None = None) -> None:
@@ -26,7 +35,8 @@ def quiet_cached_program_loads(jaxlib_version: str | None = None) -> None:
     versions.") for every program it loads from the persistent compilation cache. Errors still show; the
     false ERROR lines of such loads are removed at their source (`cap_cpu_isa_at_avx2`).
     """
-    if jaxlib_version_tuple(jaxlib_version) >= (0, 10):
+    version = jaxlib_version_tuple(jaxlib_version)
+    if not version or version >= (0, 10):
         return
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -68,3 +78,38 @@ def keep_small_dots_off_ynnpack(jaxlib_version: str | None = None) -> None:
     flags = os.environ.get("XLA_FLAGS", "")
     if YNN_FUSION_FLAG not in flags:
         os.environ["XLA_FLAGS"] = f"{flags} {YNN_FUSION_FLAG}=".strip()
+
+
+def requested_cpu_devices() -> int:
+    """CPU devices asked for through XLA_FLAGS or JAX_NUM_CPU_DEVICES (1 when neither is set)."""
+    match = re.search(r"--xla_force_host_platform_device_count=(\d+)", os.environ.get("XLA_FLAGS", ""))
+    flag_count = int(match.group(1)) if match else 1
+    return max(flag_count, int(os.environ.get("JAX_NUM_CPU_DEVICES", "1") or 1))
+
+
+def _configured_pool_size() -> str | None:
+    """The CPU thread-pool size set through the environment (PJRT_NPROC, else NPROC), if any."""
+    return os.environ.get("PJRT_NPROC") or os.environ.get("NPROC")
+
+
+def cpu_thread_pool_size() -> int:
+    """Threads in XLA:CPU's intra-op pool: PJRT_NPROC or NPROC if set, else the usable CPUs."""
+    configured = _configured_pool_size()
+    return int(configured) if configured else len(os.sched_getaffinity(0))
+
+
+def lapack_splits_batches(jaxlib_version: str | None = None) -> bool:
+    """Whether jaxlib splits batched LAPACK calls over the CPU pool (0.10 and later): the deadlock below."""
+    return jaxlib_version_tuple(jaxlib_version) >= (0, 10)
+
+
+def avoid_cpu_lapack_deadlock() -> None:
+    """Sizes the CPU thread pool above the forced device count; must run before JAX's CPU backend starts.
+
+    jaxlib 0.10's batched LAPACK kernels (MJX's Cholesky) split big batches into chunks on the same pool
+    they run on and wait for them; when every pool thread is a device program waiting, nothing runs the
+    chunks and the process deadlocks. One thread more than there are devices is enough.
+    """
+    devices = requested_cpu_devices()
+    if devices > 1 and not _configured_pool_size() and lapack_splits_batches():
+        os.environ["PJRT_NPROC"] = str(max(len(os.sched_getaffinity(0)), devices + 1))

@@ -9,10 +9,10 @@ import jax
 import jax.numpy as jnp
 import mujoco
 import numpy as np
-from mujoco import mjx
 
 from ksim import mjx_contract
 from ksim.engine import Contacts, PhysicsEngine
+from ksim.mjx_import import mjx
 
 Array = jax.Array
 

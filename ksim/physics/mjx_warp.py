@@ -9,10 +9,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import jax
-from mujoco import mjx
 
 from ksim import mjx_contract
 from ksim.engine import Contacts, PhysicsEngine
+from ksim.mjx_import import mjx
 
 Array = jax.Array
 

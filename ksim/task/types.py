@@ -16,8 +16,8 @@ import jax
 import optax
 import xax
 from flax import struct
-from mujoco import mjx
 
+from ksim.mjx_import import mjx
 from ksim.normalization import Normalizer
 from ksim.randomization import Randomized
 from ksim.terrain import TerrainCells
