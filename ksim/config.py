@@ -10,11 +10,9 @@ from typing import Any, TypeVar
 from omegaconf import OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
+from ksim.errors import ConfigError
+
 ConfigT = TypeVar("ConfigT")
-
-
-class ConfigError(ValueError):
-    """A setting breaks a rule; the message names the setting and the rule."""
 
 
 def require_positive(config: object, *names: str) -> None:

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+from omegaconf import OmegaConf
 
 from ksim.config import ConfigError
 from ksim.export import export_policy
+from ksim.policy_spec import SIMULATOR
+from ksim.robot_side import RobotSide, describe_robot
 from ksim.task.rl import RLTask
 from ksim.task.types import PolicyState, RLConfig, SharedState
 
@@ -49,9 +53,57 @@ def deterministic_step(task: RLTask[Any], shared: SharedState) -> Callable[..., 
     return step
 
 
+def robot_side(task: RLTask[Any]) -> RobotSide:
+    """The task's policy inputs as a robot computes them, its actuation, command and model (ksim.robot_side)."""
+    environment = task.environment
+    parts, engine = environment.components, environment.engine
+    return describe_robot(
+        parts.observations,
+        environment.observation_layout(),
+        engine.layout,
+        engine.mj_model,
+        parts.actuators,
+        parts.command,
+        environment.settings.max_episode_steps,
+        engine.default_qpos,
+    )
+
+
+def importable_name(cls: type) -> str:
+    """ "module:Class" of a class, with the module a `python -m` run calls __main__ named as it was run."""
+    module = cls.__module__
+    if module == "__main__":
+        main_spec = getattr(sys.modules["__main__"], "__spec__", None)
+        module = main_spec.name if main_spec is not None else module
+    return f"{module}:{cls.__qualname__}"
+
+
+def task_identity(task: RLTask[Any]) -> dict[str, str]:
+    """What rebuilds the task elsewhere (ksim.sim2sim judges episodes with it): its class, config class, config."""
+    return {
+        "task_class": importable_name(type(task)),
+        "config_class": importable_name(type(task.config)),
+        "task_config": OmegaConf.to_yaml(OmegaConf.structured(task.config)),
+    }
+
+
+def simulator_inputs_line(robot: RobotSide, refuse: bool) -> str:
+    """One line naming the inputs only a simulator knows ("" when there are none); ConfigError if `refuse`."""
+    inputs = [item for item in robot.inputs if item.source == SIMULATOR]
+    if not inputs:
+        return ""
+    named = ", ".join(f"{item.name} (reading {item.reading!r})" for item in inputs)
+    if refuse:
+        raise ConfigError(f"robot_inputs_only=true: the policy reads what only a simulator knows: {named}")
+    return f"note: only a simulator knows {named}; ksim.runtime needs these readings from its caller"
+
+
 def run(task: RLTask[Any]) -> Path:
-    """Writes the checkpoint's deterministic policy to export_path (ONNX) and a JSON beside it."""
+    """Writes the checkpoint's deterministic policy to export_path (ONNX), a JSON beside it saying how a robot
+    runs it, and the model it was trained on (MJB)."""
     checkpoint = task.config.load_from_ckpt_path
+    robot = robot_side(task)
+    note = simulator_inputs_line(robot, task.config.robot_inputs_only)
     shared = jax.device_get(task.checkpoints.load(checkpoint)["shared"])
     doc = (type(task.actuators).__doc__ or "").strip().splitlines()
     onnx_path, json_path = export_policy(
@@ -60,6 +112,10 @@ def run(task: RLTask[Any]) -> Path:
         doc[0] if doc else "",
         task.config.export_path,
         checkpoint,
+        robot,
+        task_identity(task),
     )
-    print(f"wrote {onnx_path} and {json_path}", flush=True)
+    if note:
+        print(note, flush=True)
+    print(f"wrote {onnx_path}, {json_path} and {onnx_path.with_suffix('.mjb')}", flush=True)
     return onnx_path

@@ -75,6 +75,9 @@ class RLConfig:
         "live; the checkpoint's, else the initial policy).",
     )
     export_path: str = xax.field("", help="mode=export: write the deterministic policy to this .onnx file.")
+    robot_inputs_only: bool = xax.field(
+        False, help="mode=export refuses a policy that reads what only a simulator knows (base velocity, height...)."
+    )
     eval_episodes: int = xax.field(10, help="Episodes per evaluation (mode=eval and eval_every_n_steps).")
     video_path: str = xax.field("", help="mode=eval: write the first episode to this .mp4 or .gif.")
     view_port: int = xax.field(8080, help="mode=view: the port the viewer's web page is served on.")
