@@ -288,3 +288,14 @@ def onnxruntime_snippet(doc: str) -> str:
         block for block in re.findall(r"```python\n(.*?)```", text, re.DOTALL) if "onnxruntime as ort" in block
     ]
     return snippet
+
+
+# Makes JAX, jaxlib, Flax and Optax absent in a fresh interpreter, as on a robot's computer.
+BLOCK_JAX = """
+import importlib.abc, sys
+class NoJax(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("jax", "jaxlib", "flax", "optax"):
+            raise ImportError(f"{name} is not installed on this robot")
+sys.meta_path.insert(0, NoJax())
+"""

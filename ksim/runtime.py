@@ -1,0 +1,251 @@
+"""Runs an exported policy the way a robot runs it: raw readings in, actuator targets out; numpy and onnxruntime only.
+
+    runtime = PolicyRuntime.load("policy.onnx")      # reads policy.json beside it
+    runtime.reset()                                  # at every episode's start
+    command = runtime.step({"joint_positions": q, "joint_velocities": qd, "base_orientation": quat, ...})
+    command.targets, command.kp, command.kd          # or command.torque(q, qd)
+
+Each control step builds the observation vector exactly as training did (ksim.policy_spec says, per input, which
+reading feeds it and the offset, scale, clip or transform), feeds the policy its memory (past frames, recurrent
+state) and keeps it, and turns the action into what the actuators take. `tests/test_runtime.py` drives the
+training environment and this runtime through the same states and checks both agree to float32 precision.
+
+A reading that is missing or has the wrong size raises RuntimeInputError naming it; a NaN in a reading (or in
+the policy's output) never reaches the robot: the runtime holds the previous targets (the default pose before
+any; zero torque for torque control) and `ActuatorCommand.held` says why.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ksim.errors import ConfigError
+from ksim.policy_spec import (
+    AFFINE,
+    GAIT_PHASE,
+    LAST_ACTION,
+    PAST_OBSERVATIONS,
+    PROJECTED_GRAVITY,
+    RECURRENT_STATE,
+    ActuationSpec,
+    PolicyInput,
+    PolicySpec,
+    load_policy_spec,
+)
+
+F32 = np.float32
+DOWN = np.array([0.0, 0.0, -1.0], F32)
+
+
+class RuntimeInputError(ConfigError):
+    """A reading the policy needs is missing or has the wrong size; the message names it."""
+
+
+def rotate_inverse(quat: np.ndarray, vec: np.ndarray) -> np.ndarray:
+    """Rotates a world-frame vector into the frame of a (w, x, y, z) unit quaternion (as ksim.engine does)."""
+    w, xyz = quat[0], quat[1:]
+    t = F32(2.0) * np.cross(xyz, vec)
+    return (vec - w * t + np.cross(xyz, t)).astype(F32)
+
+
+@dataclass(frozen=True)
+class ActuatorCommand:
+    """What the actuators take for one control step.
+
+    kind "pd" and "servo": `targets` (joint positions) with gains `kp`, `kd`; "pd" torques are clipped to
+    [torque_low, torque_high] (`torque(q, qd)` runs the PD law as training did). kind "torque": `torque()`.
+    `ctrl(q, qd)` is MuJoCo's control vector for the same, as the training environment computed it.
+    """
+
+    kind: str
+    action: np.ndarray  # the policy's output (what LastAction shows it next step)
+    targets: np.ndarray | None
+    kp: np.ndarray | None
+    kd: np.ndarray | None
+    torque_low: np.ndarray
+    torque_high: np.ndarray
+    actuation: ActuationSpec
+    held: str = ""  # why these are the previous targets, not the policy's ("" when they are the policy's)
+
+    def torque(self, q: np.ndarray | None = None, qd: np.ndarray | None = None) -> np.ndarray:
+        """Joint torques (N m or N): the PD law at joint positions `q` and velocities `qd` ("pd"), or the
+        policy's torques ("torque")."""
+        spec = self.actuation
+        if self.kind == "torque":
+            ctrl = np.clip(self.action * F32(spec.action_scale), self.torque_low, self.torque_high)
+            return ctrl.astype(F32)
+        if self.targets is None or self.kp is None or self.kd is None or q is None or qd is None:
+            raise RuntimeInputError(f"torque() of {self.kind!r} actuation needs the joint positions and velocities")
+        torque = self.kp * (self.targets - np.asarray(q, F32)) - self.kd * np.asarray(qd, F32)
+        return torque.astype(F32)
+
+    def ctrl(self, q: np.ndarray | None = None, qd: np.ndarray | None = None) -> np.ndarray:
+        """MuJoCo's `ctrl` for this command (actuator order), clipped to the actuators' control ranges."""
+        spec = self.actuation
+        gear = np.asarray(spec.gear, F32)
+        low, high = np.asarray(spec.ctrl_low, F32), np.asarray(spec.ctrl_high, F32)
+        if self.kind == "torque":
+            return np.clip(self.action * F32(spec.action_scale), low, high).astype(F32)
+        if self.kind == "servo":
+            assert self.targets is not None
+            return np.clip(gear * self.targets, low, high).astype(F32)
+        return np.clip(self.torque(q, qd) / gear, low, high).astype(F32)
+
+
+class PolicyRuntime:
+    """An exported policy with its memory, stepped from raw readings (module docstring)."""
+
+    def __init__(self, spec: PolicySpec, session: Any) -> None:
+        self.spec = spec
+        self.session = session
+        self.readings = spec.readings()
+        self.inputs = [(item, self._compute(item)) for item in spec.inputs]
+        self.actuation = require_actuation(spec)
+        self.output_names = [spec.output_name, *(item.output_name for item in spec.memory)]
+        self.reset()
+
+    @classmethod
+    def load(cls, path: str | Path, threads: int = 1) -> PolicyRuntime:
+        """The policy at `path` (its .onnx or its .json) with the other file beside it; `threads`: onnxruntime's."""
+        import onnxruntime as ort
+
+        json_path = Path(path).with_suffix(".json")
+        spec = load_policy_spec(json_path)
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = options.inter_op_num_threads = threads
+        session = ort.InferenceSession(
+            str(json_path.parent / spec.onnx_file), options, providers=["CPUExecutionProvider"]
+        )
+        return cls(spec, session)
+
+    def reset(self) -> None:
+        """The next step is an episode's first: memory, last action and gait clock start again."""
+        self.steps = 0
+        self.last_action = np.zeros(self.spec.action_size, F32)
+        self.memory: dict[str, np.ndarray] = {}
+        self.last_command: ActuatorCommand | None = None
+
+    def observation(self, readings: Mapping[str, Any]) -> np.ndarray:
+        """The policy's input vector for these readings at the current step (float32; nothing advances)."""
+        return self._observe(self._values(readings))
+
+    def step(self, readings: Mapping[str, Any]) -> ActuatorCommand:
+        """One control step: the observation, the policy and its memory, and the actuator command."""
+        values = self._values(readings)
+        for name, value in values.items():
+            bad = np.flatnonzero(~np.isfinite(value))
+            if bad.size:
+                return self._hold(f"reading {name!r} holds {value[bad[0]]} at index {bad[0]}")
+        obs = self._observe(values)
+        feeds = {self.spec.input_name: obs[None]}
+        for item in self.spec.memory:
+            feeds[item.input_name] = self._memory_at_step(item.input_name, item.shape, obs)
+        action, *next_memory = self.session.run(self.output_names, feeds)
+        action = np.asarray(action[0], F32)
+        if not np.all(np.isfinite(action)):
+            return self._hold("the policy's action is not finite")
+        self.memory = {item.input_name: value for item, value in zip(self.spec.memory, next_memory, strict=True)}
+        self.last_action, self.steps = action, self.steps + 1
+        self.last_command = self._command(action)
+        return self.last_command
+
+    # ----- inside -----------------------------------------------------------------------------------------
+
+    def _values(self, readings: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        return {name: self._reading(readings, name, size) for name, size in self.readings.items()}
+
+    def _observe(self, values: dict[str, np.ndarray]) -> np.ndarray:
+        parts = [compute(values.get(item.reading)) for item, compute in self.inputs]
+        return np.concatenate(parts).astype(F32) if parts else np.zeros(0, F32)
+
+    def _reading(self, readings: Mapping[str, Any], name: str, size: int) -> np.ndarray:
+        if name not in readings:
+            users = ", ".join(item.name for item in self.spec.inputs if item.reading == name)
+            raise RuntimeInputError(f"reading {name!r} is missing: {users} needs it ({size} values)")
+        value = np.asarray(readings[name], F32).reshape(-1)
+        if value.size != size:
+            users = ", ".join(item.name for item in self.spec.inputs if item.reading == name)
+            raise RuntimeInputError(f"reading {name!r} has {value.size} values; {users} needs {size}")
+        return value
+
+    def _compute(self, item: PolicyInput) -> Callable[[np.ndarray | None], np.ndarray]:
+        """The function from the input's reading (None where it has none) to its values."""
+        if item.transform == AFFINE:
+            indices = None if item.indices is None else np.asarray(item.indices, np.int64)
+            offset = None if item.offset is None else np.asarray(item.offset, F32)
+            scale, clip = F32(item.scale), item.clip
+
+            def affine(value: np.ndarray | None) -> np.ndarray:
+                assert value is not None
+                v = value if indices is None else value[indices]
+                if offset is not None:
+                    v = v - offset
+                if scale != 1:
+                    v = v * scale
+                return v if clip is None else np.clip(v, F32(-clip), F32(clip))
+
+            return affine
+        if item.transform == PROJECTED_GRAVITY:
+            return lambda quat: rotate_inverse(quat, DOWN)  # type: ignore[arg-type]
+        if item.transform == GAIT_PHASE:
+            period = F32(item.period_s)
+
+            def phase(_: np.ndarray | None) -> np.ndarray:
+                angle = F32(2 * np.pi) * F32(self.steps * self.spec.ctrl_dt) / period
+                return np.array([np.sin(angle), np.cos(angle)], F32)
+
+            return phase
+        if item.transform == LAST_ACTION:
+            return lambda _: self.last_action
+        raise ConfigError(f"policy.json: input {item.name!r} has transform {item.transform!r}, unknown to this ksim")
+
+    def _memory_at_step(self, name: str, shape: list[int], obs: np.ndarray) -> np.ndarray:
+        if self.steps > 0:
+            return self.memory[name]
+        if name == RECURRENT_STATE:
+            return np.zeros((1, *shape), F32)
+        assert name == PAST_OBSERVATIONS
+        return np.broadcast_to(obs, (1, *shape)).astype(F32)
+
+    def _command(self, action: np.ndarray) -> ActuatorCommand:
+        spec = self.actuation
+        gear = np.asarray(spec.gear, F32)
+        low, high = gear * np.asarray(spec.ctrl_low, F32), gear * np.asarray(spec.ctrl_high, F32)
+        if spec.kind == "torque":
+            return ActuatorCommand("torque", action, None, None, None, low, high, spec)
+        assert spec.default_position is not None and spec.kp is not None and spec.kd is not None
+        targets = (np.asarray(spec.default_position, F32) + F32(spec.action_scale) * action).astype(F32)
+        kp, kd = np.asarray(spec.kp, F32), np.asarray(spec.kd, F32)
+        return ActuatorCommand(spec.kind, action, targets, kp, kd, low, high, spec)
+
+    def _hold(self, why: str) -> ActuatorCommand:
+        """The previous command (the default pose before any; zero torque for torque control), saying why."""
+        spec = self.actuation
+        if spec.kind == "torque":
+            held, what = self._command(np.zeros(self.spec.action_size, F32)), "zero torque"
+        elif self.last_command is not None:
+            held, what = self.last_command, "the previous targets"
+        else:
+            held, what = self._command(np.zeros(self.spec.action_size, F32)), "the default pose"
+        return ActuatorCommand(
+            held.kind,
+            held.action,
+            held.targets,
+            held.kp,
+            held.kd,
+            held.torque_low,
+            held.torque_high,
+            spec,
+            held=f"{why}: holding {what}",
+        )
+
+
+def require_actuation(spec: PolicySpec) -> ActuationSpec:
+    if spec.actuation is None:
+        raise ConfigError("policy.json has no actuation: export the checkpoint again with mode=export")
+    return spec.actuation
