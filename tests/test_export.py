@@ -1,7 +1,7 @@
 """Export: the ONNX policy matches the JAX deterministic policy; policy.json describes it; bad settings fail early."""
 
 import json
-import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -11,11 +11,11 @@ import jax.numpy as jnp
 import numpy as np
 import onnxruntime as ort
 import pytest
-from helpers import cartpole_config, onnxruntime_snippet
+from helpers import BLOCK_JAX, cartpole_config
 
 from examples.cartpole import CartpoleTask
 from ksim.config import ConfigError
-from ksim.export import PolicyInput, load_policy_spec
+from ksim.export import load_policy_spec
 from ksim.modes import check as check_mode
 from ksim.modes.export import deterministic_step
 
@@ -64,7 +64,13 @@ def test_onnx_policy_matches_the_jax_deterministic_policy(exported: tuple, recor
 def test_policy_json_names_inputs_and_actions(exported: tuple) -> None:
     task, _, onnx_path = exported
     spec = load_policy_spec(onnx_path.with_suffix(".json"))
-    assert spec.inputs == [PolicyInput("JointPosition", 1), PolicyInput("JointVelocity", 2)]
+    assert [(item.name, item.size, item.reading) for item in spec.inputs] == [
+        ("JointPosition", 1, "joint_positions"),
+        ("JointVelocity", 2, "joint_velocities"),
+    ]
+    assert spec.joints == ["slider", "hinge"] and spec.inputs[0].indices == [1]  # the encoders; the hinge
+    assert spec.actuation is not None and spec.actuation.kind == "torque" and spec.model_file == "policy.mjb"
+    assert spec.task_class == "examples.cartpole:CartpoleTask" and (onnx_path.parent / "policy.mjb").exists()
     assert spec.observation_size == task.environment.observation_dim == 3
     assert spec.actuators == ["slide"] and spec.action_size == 1 and spec.action_scale == 1.0
     assert spec.actuator_type == "TorqueActuators" and "motor control" in spec.action_meaning
@@ -73,24 +79,61 @@ def test_policy_json_names_inputs_and_actions(exported: tuple) -> None:
     assert (spec.input_name, spec.output_name) == ("observation", "action")
 
 
-def test_readme_snippet_runs_an_exported_policy(exported: tuple) -> None:
+STAND_IN_ROBOT = """
+import numpy as np
+class Robot:
+    sent = []
+    def joint_positions(self): return np.array([0.1, 0.05])
+    def joint_velocities(self): return np.array([0.0, -0.1])
+    def send(self, ctrl): self.sent.append(ctrl); print(ctrl.tolist())
+robot = Robot()
+"""
+
+
+def runtime_snippet() -> str:
+    text = (ROOT / "docs" / "real-robot.md").read_text()
+    (snippet,) = [block for block in re.findall(r"```python\n(.*?)```", text, re.DOTALL) if "ksim.runtime" in block]
+    return snippet
+
+
+def test_docs_runtime_loop_runs_an_exported_policy_without_jax(exported: tuple) -> None:
     task, contents, onnx_path = exported
-    snippet = onnxruntime_snippet("real-robot.md")
-    assert len(snippet.splitlines()) <= 10
-    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    snippet = runtime_snippet()
+    assert len(snippet.splitlines()) <= 12
     result = subprocess.run(
-        [sys.executable, "-I", "-c", snippet],  # -I: no ksim on the path, as on a robot
+        [sys.executable, "-c", BLOCK_JAX + STAND_IN_ROBOT + snippet],
         cwd=onnx_path.parent,
-        env=env,
         capture_output=True,
         text=True,
         timeout=120,
     )
     assert result.returncode == 0, result.stderr
-    printed, _, every = result.stdout.strip().partition(" every ")
-    assert every == "0.02 s"
+    reads, *sent = result.stdout.strip().splitlines()
+    assert reads == "reads {'joint_positions': 2, 'joint_velocities': 2}" and len(sent) == 3
     expected = jax_actions(task, contents, np.array([[0.05, 0.0, -0.1]], np.float32))[0]
-    np.testing.assert_allclose(json.loads(printed)["slide"], expected[0], atol=1e-5, rtol=0)
+    low, high = task.engine.mj_model.actuator_ctrlrange[0]
+    np.testing.assert_allclose(json.loads(sent[0]), np.clip(expected, low, high), atol=1e-5, rtol=0)
+
+
+def test_sim2sim_runs_the_export_in_plain_mujoco_beside_mode_eval(exported: tuple) -> None:
+    _, _, onnx_path = exported
+    checkpoint = load_policy_spec(onnx_path.with_suffix(".json")).checkpoint
+    command = [sys.executable, "-m", "ksim.sim2sim", str(onnx_path), "--episodes", "4", "--checkpoint", checkpoint]
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.strip().splitlines()
+    assert lines[0].startswith("sim2sim: every reading from the joint state and named sensors")
+    ours, theirs = lines[-2:]
+    assert ours.startswith("sim2sim   CartpoleTask: 4 episodes, mean return ") and "fall_rate" in ours
+    assert theirs.startswith("mode=eval CartpoleTask: 4 episodes, mean return ")
+
+
+def test_sim2sim_refuses_a_timestep_that_does_not_divide_ctrl_dt(exported: tuple) -> None:
+    _, _, onnx_path = exported
+    command = [sys.executable, "-m", "ksim.sim2sim", str(onnx_path), "--timestep", "0.003"]
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert result.stderr.strip() == "error: --timestep=0.003 must divide the policy's ctrl_dt=0.02"
 
 
 def test_load_policy_spec_refuses_other_files(tmp_path: Path) -> None:

@@ -290,16 +290,7 @@ class Environment:
         )
         next_obs = jnp.where(diverged, 0.0, self.observe(ctx.replace(command=command)))
         next_critic_obs = jnp.where(diverged, 0.0, self.observe_critic(ctx.replace(command=command)))
-        states = episode.component_state
-        terminations = (t.terminated(parts.with_state(t, ctx, states)) for t in parts.terminations)
-        terminated = functools.reduce(jnp.logical_or, terminations, diverged)
-        ended = ctx.replace(terminated=terminated)  # a termination penalty reads it
-        reward_terms = {
-            name: reward(parts.with_state(reward, ended, states))
-            for name, reward in zip(parts.reward_names, parts.rewards, strict=True)
-        }
-        reward = jnp.where(diverged, 0.0, sum(reward_terms.values(), jnp.zeros(())))
-        component_state = {key: c.next_state(ctx.replace(state=states[key])) for key, c in parts.stateful}
+        terminated, reward_terms, reward, component_state = judge_step(parts, ctx, episode.component_state)
         episode_length = episode.episode_length + 1
         truncated = (episode_length >= self.settings.max_episode_steps) & ~terminated
         episode_return = episode.episode_return + reward
@@ -334,3 +325,21 @@ class Environment:
             discounted_return=discounted_return,
         )
         return stepped, Transition(trajectory, episode_return, episode_length, reward_terms)
+
+
+def judge_step(
+    parts: Components, ctx: StepContext, states: dict[str, Any]
+) -> tuple[Array, dict[str, Array], Array, dict[str, Any]]:
+    """What the task's terminations and rewards make of one control step: (terminated, reward terms, reward, the
+    stateful components' next state); a step whose physics diverged terminates and earns nothing."""
+    diverged = physics_diverged(ctx)
+    terminations = (t.terminated(parts.with_state(t, ctx, states)) for t in parts.terminations)
+    terminated = functools.reduce(jnp.logical_or, terminations, diverged)
+    ended = ctx.replace(terminated=terminated)  # a termination penalty reads it
+    reward_terms = {
+        name: reward(parts.with_state(reward, ended, states))
+        for name, reward in zip(parts.reward_names, parts.rewards, strict=True)
+    }
+    reward = jnp.where(diverged, 0.0, sum(reward_terms.values(), jnp.zeros(())))
+    component_state = {key: c.next_state(ctx.replace(state=states[key])) for key, c in parts.stateful}
+    return terminated, reward_terms, reward, component_state

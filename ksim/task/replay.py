@@ -1,0 +1,99 @@
+"""Judging episodes that ran outside JAX (sim-to-sim) with the task's own terminations, rewards and eval measures.
+
+An episode recorded by a plain MuJoCo loop (its states, the policy's actions, the controls and the commands) is
+replayed through `judge_step` and `step_measures`, the functions the training environment and `mode=eval` use,
+so a fall is a fall by the task's rule and the return is the task's. What depends only on positions and
+velocities (terminations, tracking errors, most rewards) is exact; a reward that reads forces or acceleration
+sensors sees those of `mj_forward` at the recorded state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ksim.task.env import Environment, judge_step
+from ksim.task.evaluation import EvalResult, step_measures, tracks_velocity
+
+Array = jax.Array
+
+
+class RecordedEpisode(Protocol):
+    """One episode of a loop outside JAX, T control steps (ksim.sim2sim.RecordedEpisode)."""
+
+    @property
+    def qpos(self) -> np.ndarray: ...  # (T + 1, nq): the start, then the state after each step
+
+    @property
+    def qvel(self) -> np.ndarray: ...  # (T + 1, nv)
+
+    @property
+    def action(self) -> np.ndarray: ...  # (T, nu): the policy's action at each step
+
+    @property
+    def ctrl(self) -> np.ndarray: ...  # (T, nu): the control of each step's last substep
+
+    @property
+    def command(self) -> np.ndarray: ...  # (T, command size): the command the policy saw when it chose the action
+
+
+def draw_starts(environment: Environment, seed: int, count: int) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """`count` episode starts as the task draws them (its resets and its first command): (qpos, qvel, command)."""
+    keys = jax.random.split(jax.random.PRNGKey(seed), count)
+    episodes = jax.jit(jax.vmap(environment.start_episode))(keys)
+    qpos, qvel, command = (np.asarray(x) for x in (episodes.data.qpos, episodes.data.qvel, episodes.command))
+    return [(qpos[i], qvel[i], command[i]) for i in range(count)]
+
+
+def make_judge(environment: Environment) -> Callable[..., tuple[Array, Array, Array, Array]]:
+    """(qpos, qvel, action, ctrl, command) of one episode -> per step (reward, terminated, speed_x, command error)."""
+    engine, parts, ctrl_dt = environment.engine, environment.components, environment.settings.ctrl_dt
+
+    def judge(qpos: Array, qvel: Array, action: Array, ctrl: Array, command: Array) -> tuple[Array, ...]:
+        times = jnp.arange(qpos.shape[0], dtype=jnp.float32) * ctrl_dt
+        datas = jax.vmap(lambda q, v, t: engine.make_data(q, v).replace(time=t))(qpos, qvel, times)
+        previous_actions = jnp.concatenate([jnp.zeros_like(action[:1]), action[:-1]])
+        start_states = {key: c.initial_state(engine.layout) for key, c in parts.stateful}
+
+        def body(states: dict[str, Any], t: Array) -> tuple[dict[str, Any], tuple[Array, ...]]:
+            data, prev = (jax.tree.map(lambda leaf, i=i: leaf[i], datas) for i in (t + 1, t))
+            ctx = engine.context(data, prev, action[t], previous_actions[t], ctrl[t], command[t])
+            terminated, _, reward, states = judge_step(parts, ctx, states)
+            speed_x, command_error = step_measures(parts.command, ctx)
+            return states, (reward, terminated, speed_x, command_error)
+
+        _, per_step = jax.lax.scan(body, start_states, jnp.arange(action.shape[0]))
+        return per_step
+
+    return jax.jit(judge)
+
+
+def judge_episodes(environment: Environment, episodes: Sequence[RecordedEpisode]) -> EvalResult:
+    """The episodes as `mode=eval` reports them: each ends at its first termination (a fall) or its last step."""
+    judge = make_judge(environment)
+    returns, lengths, speeds, fell, errors = [], [], [], [], []
+    for episode in episodes:
+        arrays = (episode.qpos, episode.qvel, episode.action, episode.ctrl, episode.command)
+        reward, terminated, speed_x, error = (
+            np.asarray(x) for x in judge(*(jnp.asarray(a, jnp.float32) for a in arrays))
+        )
+        ended = np.flatnonzero(terminated)
+        length = int(ended[0]) + 1 if ended.size else len(reward)
+        returns.append(reward[:length].sum())
+        lengths.append(length)
+        speeds.append(speed_x[:length].mean())
+        fell.append(bool(ended.size))
+        errors.append(error[:length].mean())
+    tracking = tracks_velocity(environment.components.command)
+    return EvalResult(
+        np.asarray(returns),
+        np.asarray(lengths),
+        np.asarray(speeds),
+        np.asarray(fell),
+        np.asarray(errors) if tracking else None,
+        episodes[0].qpos if episodes else np.zeros((0, 0)),
+    )
