@@ -130,6 +130,7 @@ DEFAULT_CONFIG = SpotConfig(
     log_every_n_steps=10,
     eval_every_n_steps=50,
     save_every_n_steps=100,
+    robot_inputs_only=True,  # the actor reads only Spot's sensors: an export that needs a simulator is refused
 )
 
 if __name__ == "__main__":

@@ -309,6 +309,8 @@ def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, Sim2SimS
     args = parser.parse_args(argv)
     if args.episodes < 1 or args.latency_steps < 0 or args.noise < 0:
         raise ConfigError("--episodes must be >= 1, --latency-steps and --noise >= 0")
+    if args.video and Path(args.video).suffix not in (".mp4", ".gif"):
+        raise ConfigError(f"--video={args.video!r} must end in .mp4 or .gif")
     settings = Sim2SimSettings(
         args.episodes,
         args.seed,

@@ -1,6 +1,7 @@
 """Export: the ONNX policy matches the JAX deterministic policy; policy.json describes it; bad settings fail early."""
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -118,9 +119,14 @@ def test_docs_runtime_loop_runs_an_exported_policy_without_jax(exported: tuple) 
 def test_sim2sim_runs_the_export_in_plain_mujoco_beside_mode_eval(exported: tuple) -> None:
     _, _, onnx_path = exported
     checkpoint = load_policy_spec(onnx_path.with_suffix(".json")).checkpoint
+    video = onnx_path.parent / "sim2sim.gif"
     command = [sys.executable, "-m", "ksim.sim2sim", str(onnx_path), "--episodes", "4", "--checkpoint", checkpoint]
-    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    env = {**os.environ, "MUJOCO_GL": "egl"}
+    result = subprocess.run(
+        [*command, "--video", str(video)], cwd=ROOT, capture_output=True, text=True, timeout=600, env=env
+    )
     assert result.returncode == 0, result.stderr
+    assert video.stat().st_size > 0
     lines = result.stdout.strip().splitlines()
     assert lines[0].startswith("sim2sim: every reading from the joint state and named sensors")
     ours, theirs = lines[-2:]
