@@ -11,9 +11,11 @@ Which class fits a model depends on its MJCF actuators (`actuator_kind` names th
 
 from __future__ import annotations
 
+import json
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -117,12 +119,17 @@ class PositionActuators(Actuators):
         kd: float | np.ndarray,
         default_qpos: np.ndarray,
         action_scale: float = 0.5,
+        torque_limit: np.ndarray | None = None,
     ) -> PositionActuators:
+        """`torque_limit` (N m per actuator, e.g. a firmware's soft limits) narrows the motors' ctrlrange."""
         joint_ids = mj_model.actuator_trnid[:, 0]
         if np.any(mj_model.actuator_trntype != mujoco.mjtTrn.mjTRN_JOINT):
             raise ValueError("PositionActuators needs every actuator to drive a joint (trntype 'joint')")
         qpos_index = mj_model.jnt_qposadr[joint_ids]
         low, high = _ctrl_range(mj_model)
+        if torque_limit is not None:
+            limit = np.abs(np.asarray(torque_limit, np.float32) / mj_model.actuator_gear[:, 0].astype(np.float32))
+            low, high = np.maximum(low, -limit), np.minimum(high, limit)
         num_actuators = mj_model.nu
         return cls(
             qpos_index=qpos_index,
@@ -226,3 +233,40 @@ def delay_action(queue: Array, action: Array) -> tuple[Array, Array]:
     if queue.shape[0] == 0:
         return action, queue
     return queue[0], jnp.concatenate([queue[1:], action[None]])
+
+
+@dataclass(frozen=True)
+class JointGains:
+    """Per actuator (model order): the PD gains and torque limit a robot's firmware uses."""
+
+    kp: np.ndarray
+    kd: np.ndarray
+    torque_limit: np.ndarray
+
+
+GAIN_FIELDS = ("kp", "kd", "soft_torque_limit")
+
+
+def gains_from_metadata(mj_model: mujoco.MjModel, path: str | Path) -> JointGains:
+    """Reads K-Scale's `metadata.json` (per joint: kp, kd, soft_torque_limit, as text) for the joints the model's
+    actuators drive; ConfigError in one line naming the joint and the field for a joint it lacks, a joint the
+    model lacks, or a value that is not a positive number."""
+    table = json.loads(Path(path).read_text()).get("joint_name_to_metadata", {})
+    joints = [mujoco.mj_id2name(mj_model, mujoco.mjtObj.mjOBJ_JOINT, int(j)) for j in mj_model.actuator_trnid[:, 0]]
+    unknown = sorted(set(table) - set(joints))
+    if unknown:
+        raise ConfigError(f"{path}: joint {unknown[0]!r} is not driven by any actuator of the model")
+    values = {field: np.zeros(len(joints), np.float32) for field in GAIN_FIELDS}
+    for i, joint in enumerate(joints):
+        if joint not in table:
+            raise ConfigError(f"{path}: joint {joint!r} is missing (the model's actuator drives it)")
+        for field in GAIN_FIELDS:
+            text = table[joint].get(field)
+            try:
+                value = float(text)
+            except (TypeError, ValueError):
+                value = float("nan")
+            if not value > 0 or not np.isfinite(value):
+                raise ConfigError(f"{path}: joint {joint!r} field {field!r} is {text!r}, not a positive number")
+            values[field][i] = value
+    return JointGains(values["kp"], values["kd"], values["soft_torque_limit"])

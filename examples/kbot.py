@@ -1,0 +1,141 @@
+"""K-Scale's K-Bot (36 kg, 20 joints; `ksim/assets/kbot/`, MIT) walking where a joystick tells it.
+
+The motors run the real firmware's PD loop: kp, kd and torque limits from the robot's `metadata.json`. The actor
+reads only what the robot measures, with noise: the IMU's gyro and orientation (`imu_site` sensors), joint
+encoders, its last action, the command and a gait clock; one control step of action delay. The critic also
+reads the true base velocity and height and the feet's contacts. Commands: forward -0.5..1.2 m/s, lateral
+-0.5..0.5 m/s, yaw rate -1..1 rad/s, or stand still (one in ten). Friction, masses, centre of mass, armature,
+damping and gains are randomized per episode, and the robot is pushed.
+
+    python -m examples.kbot
+    python -m examples.kbot mode=eval load_from_ckpt_path=RUN/checkpoints/ckpt_latest.bin video_path=kbot.gif
+"""
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+import mujoco
+import xax
+
+from ksim import observations as obs
+from ksim import randomization as rnd
+from ksim import rewards as rew
+from ksim import terminations as term
+from ksim.actuators import Actuators, PositionActuators, gains_from_metadata
+from ksim.commands import Command, VelocityCommand
+from ksim.engine import ASSETS_DIR, load_mujoco_model
+from ksim.events import Event, Push
+from ksim.resets import RandomJointPositions, RandomJointVelocities, Reset
+from ksim.task.distributed_ppo import DistributedPPOConfig, DistributedPPOTask
+
+FEET = ("left_foot", "right_foot")  # sites at the soles (heights); their bodies' capsules touch the floor
+FOOT_BODIES = ("LFootBushing_GPF_1517_12", "RFootBushing_GPF_1517_12")
+SOLE_HEIGHT = 0.02  # a foot site's height when the foot stands on the floor, m
+
+
+@dataclass
+class KBotConfig(DistributedPPOConfig):
+    gait_period_s: float = xax.field(0.8, help="Period of the walking clock (one step of each foot), s.")
+    action_scale: float = xax.field(0.5, help="Joint target offset (rad) per unit of action.")
+
+
+class KBotTask(DistributedPPOTask[KBotConfig]):
+    def get_mujoco_model(self) -> mujoco.MjModel:
+        return load_mujoco_model("kbot/kbot.xml")
+
+    def get_observations(self) -> Sequence[obs.Observation]:
+        return [
+            obs.ProjectedGravity(sensor="imu_site_quat", noise=0.05),
+            obs.Sensor(sensor="imu_gyro", scale=0.25, noise=0.05),
+            obs.JointPosition(offset="default", noise=0.02),
+            obs.JointVelocity(scale=0.05, noise=0.075),
+            obs.LastAction(),
+            obs.Command(),
+            obs.GaitPhase(period_s=self.config.gait_period_s),
+        ]
+
+    def get_critic_observations(self) -> Sequence[obs.Observation]:
+        return [
+            *(replace(o, noise=0.0) for o in self.get_observations()),
+            obs.BaseLinearVelocity(),
+            obs.BaseHeight(),
+            obs.FeetContact(feet=FOOT_BODIES),
+        ]
+
+    def get_command(self) -> Command | None:
+        return VelocityCommand(forward=(-0.5, 1.2), lateral=(-0.5, 0.5), yaw_rate=(-1.0, 1.0), zero_probability=0.1)
+
+    def get_rewards(self) -> Sequence[rew.Reward]:
+        return [
+            rew.LinearVelocityTracking(scale=2.0, sigma=0.25),
+            rew.AngularVelocityTracking(scale=1.0, sigma=0.25),
+            rew.StayAlive(scale=1.0),
+            rew.Upright(scale=0.5),
+            rew.FootSwingTracking(
+                scale=0.5,
+                feet=FEET,
+                offsets=(0.0, 0.5),  # the feet take turns
+                period_s=self.config.gait_period_s,
+                ground_height=SOLE_HEIGHT,
+            ),
+            rew.FeetSlip(scale=-0.1, feet=FEET, contact_height=SOLE_HEIGHT + 0.01),
+            rew.JointPoseDeviation(scale=-0.1, pose="default"),
+            rew.BaseRollPitchRatePenalty(scale=-0.05),
+            rew.ActionRatePenalty(scale=-0.01),
+        ]
+
+    def get_terminations(self) -> Sequence[term.Termination]:
+        return [term.BaseTooLow(min_height=0.45), term.BaseTilted(max_angle=0.8)]
+
+    def get_resets(self) -> Sequence[Reset]:
+        return [RandomJointPositions(scale=0.05), RandomJointVelocities(scale=0.1)]
+
+    def get_randomizations(self) -> Sequence[rnd.Randomization]:
+        return [
+            rnd.FloorFriction(0.5, 1.25),
+            rnd.BodyMass(0.9, 1.1),
+            rnd.AddedBaseMass(-1.0, 2.0),
+            rnd.CenterOfMassOffset(-0.02, 0.02),
+            rnd.JointDamping(0.8, 1.2),
+            rnd.JointArmature(0.8, 1.2),
+            rnd.PositionGain(0.9, 1.1),
+            rnd.VelocityGain(0.9, 1.1),
+        ]
+
+    def get_events(self) -> Sequence[Event]:
+        return [Push(max_velocity=(0.3, 0.3, 0.0), interval_s=(5.0, 10.0))]
+
+    def get_actuators(self) -> Actuators:
+        model = self.engine.mj_model
+        gains = gains_from_metadata(model, ASSETS_DIR / "kbot" / "metadata.json")
+        return PositionActuators.from_model(
+            model, gains.kp, gains.kd, self.engine.default_qpos, self.config.action_scale, gains.torque_limit
+        )
+
+
+DEFAULT_CONFIG = KBotConfig(
+    num_envs=128,
+    batch_size=32,
+    num_passes=4,
+    rollout_length_frames=24,
+    ctrl_dt=0.02,
+    dt=0.005,
+    episode_length_s=10.0,
+    action_delay_steps=1,
+    num_steps=3000,
+    learning_rate=1e-3,
+    learning_rate_schedule="adaptive",
+    normalize_returns=True,
+    init_log_std=-0.5,
+    entropy_coef=1e-3,
+    actor_hidden=[128, 128],
+    critic_hidden=[128, 128],
+    log_every_n_steps=10,
+    eval_every_n_steps=100,
+    eval_episodes=64,
+    save_every_n_steps=200,
+    robot_inputs_only=True,
+)
+
+if __name__ == "__main__":
+    KBotTask.launch(DEFAULT_CONFIG)
