@@ -21,7 +21,7 @@ import numpy as np
 
 from ksim.binding import resolved, with_resolved
 from ksim.config import ConfigError
-from ksim.engine import ModelLayout, Point, StepContext, rotate
+from ksim.engine import ModelLayout, Point, StepContext, rotate, rotate_inverse
 from ksim.terrain import Terrain
 
 Array = jax.Array
@@ -126,11 +126,26 @@ class _BaseObservation(Observation):
 
 
 @dataclass(frozen=True)
-class ProjectedGravity(_BaseObservation):
-    """Gravity direction in the base frame: base orientation without yaw."""
+class ProjectedGravity(Observation):
+    """Gravity direction in the base frame (base orientation without yaw), or with `sensor=` (a framequat
+    sensor, e.g. an IMU site's) in that sensor's frame, as a robot's IMU gives it."""
+
+    sensor: str | None = None
+    span: tuple[int, int] = resolved()  # the framequat sensor's (first index in sensordata, dimension)
+
+    def bind(self, layout: ModelLayout) -> Self:
+        if self.sensor is None:
+            layout.require_moving_base(self.name)
+            return with_resolved(self, span=(0, 0))
+        span = layout.sensor(self.sensor, f"{self.name}.sensor")
+        if span[1] != 4:
+            raise ConfigError(f"{self.name}.sensor={self.sensor!r} has {span[1]} values; a framequat has 4")
+        return with_resolved(self, span=span)
 
     def observe(self, ctx: StepContext) -> Array:
-        return ctx.projected_gravity
+        if self.sensor is None:
+            return ctx.projected_gravity
+        return rotate_inverse(ctx.sensor_at(self.span), jnp.array([0.0, 0.0, -1.0]))
 
 
 @dataclass(frozen=True)

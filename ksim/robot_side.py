@@ -120,10 +120,14 @@ def _gait_phase(o: obs.Observation, size: int) -> PolicyInput:
 
 
 # Per observation class (exactly that class: a subclass may observe otherwise), its description from one reading.
+def _projected_gravity(o: obs.Observation, size: int) -> PolicyInput:
+    assert isinstance(o, obs.ProjectedGravity)
+    reading = BASE_ORIENTATION if o.sensor is None else SENSOR_PREFIX + o.sensor
+    return PolicyInput(o.name, size, reading, 4, ROBOT, transform=PROJECTED_GRAVITY)
+
+
 DESCRIBE: dict[type, Callable[[obs.Observation, int], PolicyInput]] = {
-    obs.ProjectedGravity: lambda o, size: PolicyInput(
-        o.name, size, BASE_ORIENTATION, 4, ROBOT, transform=PROJECTED_GRAVITY
-    ),
+    obs.ProjectedGravity: _projected_gravity,
     obs.BaseOrientation: _plain(BASE_ORIENTATION),
     obs.BaseAngularVelocity: _base_angular_velocity,
     obs.BaseLinearVelocity: _base_linear_velocity,

@@ -2,8 +2,9 @@
 
 A free puck floats without gravity or contacts, so its base keeps the velocity it starts with. Each episode
 starts it at 0.25 or 1.0 m/s along world x (a coin flip per episode); an episode ends by termination once
-the base passes x = 0.51 m, else by time after 1 s. So fast episodes (and only they) fall, each episode's
-mean speed is its start speed, and against a forward command of 0.25 m/s the tracking error is 0 or 0.75.
+the base passes x = 0.51 m, else by time after 1 s. So fast episodes (and only they) fall, each episode's mean
+speed is its start speed, and against a forward command of 0.25 m/s the tracking error is 0 or 0.75 (yaw rate
+error 0). Told to stand, and spinning at 0.5 rad/s about z, it drifts at its speed with a yaw-rate error of 0.5.
 """
 
 from __future__ import annotations
@@ -44,14 +45,17 @@ PUCK_XML = """
 </mujoco>"""
 
 SLOW, FAST = 0.25, 1.0
+SPIN = 0.5  # rad/s about world z
 
 
 @dataclasses.dataclass(frozen=True)
 class CoinFlipSpeed(Reset):
-    """The base starts at SLOW or FAST m/s along world x."""
+    """The base starts at SLOW or FAST m/s along world x, spinning at `spin` rad/s about z."""
+
+    spin: float = 0.0
 
     def apply(self, qpos: jax.Array, qvel: jax.Array, layout: ModelLayout, rng: jax.Array) -> tuple:
-        return qpos, qvel.at[0].set(jnp.where(jax.random.bernoulli(rng), FAST, SLOW))
+        return qpos, qvel.at[0].set(jnp.where(jax.random.bernoulli(rng), FAST, SLOW)).at[5].set(self.spin)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,7 +66,7 @@ class PastHalfMetre(term.Termination):
 
 @dataclasses.dataclass
 class PuckConfig(PPOConfig):
-    with_command: bool = False
+    command: str = ""  # "", "forward" (SLOW m/s) or "stand"
 
 
 class PuckTask(PPOTask[PuckConfig]):
@@ -79,11 +83,13 @@ class PuckTask(PPOTask[PuckConfig]):
         return [PastHalfMetre()]
 
     def get_resets(self) -> Sequence[Reset]:
-        return [CoinFlipSpeed()]
+        return [CoinFlipSpeed(spin=SPIN if self.config.command == "stand" else 0.0)]
 
     def get_command(self) -> Command | None:
-        forward = VelocityCommand(forward=(SLOW, SLOW), lateral=(0.0, 0.0), yaw_rate=(0.0, 0.0), zero_probability=0.0)
-        return forward if self.config.with_command else None
+        if not self.config.command:
+            return None
+        stand = 1.0 if self.config.command == "stand" else 0.0
+        return VelocityCommand(forward=(SLOW, SLOW), lateral=(0.0, 0.0), yaw_rate=(0.0, 0.0), zero_probability=stand)
 
     def get_actuators(self) -> Actuators:
         return TorqueActuators.from_model(self.engine.mj_model)
@@ -107,9 +113,10 @@ def puck_config(**overrides: object) -> PuckConfig:
     return PuckConfig(**{**settings, **overrides})
 
 
-@pytest.mark.parametrize("with_command", [False, True])
-def test_speed_fall_rate_and_command_error_are_the_known_ones(with_command: bool) -> None:
-    task = PuckTask(puck_config(with_command=with_command))
+@pytest.mark.parametrize("command", ["", "forward"])
+def test_speed_fall_rate_and_command_error_are_the_known_ones(command: str) -> None:
+    with_command = bool(command)
+    task = PuckTask(puck_config(command=command))
     result = task.evaluate(task.init_train_state().shared)
     fast = result.speed_x > (SLOW + FAST) / 2
     assert 0 < fast.sum() < len(fast)  # both kinds of episode occur
@@ -123,8 +130,23 @@ def test_speed_fall_rate_and_command_error_are_the_known_ones(with_command: bool
         assert result.command_error is not None
         np.testing.assert_allclose(result.command_error, np.where(fast, FAST - SLOW, 0.0), atol=1e-4)
         assert scalars["eval/command_error"] == pytest.approx((FAST - SLOW) * fast.mean(), abs=1e-4)
+        assert scalars["eval/yaw_rate_error"] == pytest.approx(0.0, abs=1e-4)
+        assert "eval/drift" not in scalars  # no episode was told to stand
     else:
         assert result.command_error is None and "eval/command_error" not in scalars
+        assert "eval/yaw_rate_error" not in scalars and "eval/drift" not in scalars
+
+
+def test_drift_is_the_speed_of_a_base_told_to_stand() -> None:
+    task = PuckTask(puck_config(command="stand"))
+    result = task.evaluate(task.init_train_state().shared)
+    fast = result.speed_x > (SLOW + FAST) / 2
+    assert result.drift is not None and 0 < fast.sum() < len(fast)
+    np.testing.assert_allclose(result.drift, np.where(fast, FAST, SLOW), rtol=1e-4)
+    np.testing.assert_allclose(result.command_error, result.drift, rtol=1e-4)  # the command is zero
+    scalars = summary_scalars(result)
+    assert scalars["eval/drift"] == pytest.approx(SLOW + (FAST - SLOW) * fast.mean(), rel=1e-4)
+    assert scalars["eval/yaw_rate_error"] == pytest.approx(SPIN, abs=1e-4)
 
 
 def test_training_logs_the_measures(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

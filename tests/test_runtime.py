@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from helpers import BLOCK_JAX, TINY
 
-from examples import cartpole, hopper, quadruped, spot, walking
+from examples import cartpole, hopper, kbot, quadruped, spot, walking
 from ksim.config import ConfigError
 from ksim.export import export_policy
 from ksim.modes.export import deterministic_step, robot_side, simulator_inputs_line, task_identity
@@ -32,6 +32,7 @@ CASES: dict[str, tuple[type, Any, dict[str, Any]]] = {
     "quadruped": (quadruped.QuadrupedTask, quadruped.DEFAULT_CONFIG, {}),
     "spot": (spot.SpotTask, spot.DEFAULT_CONFIG, {}),
     "humanoid, sim-to-real preset": (walking.WalkingTask, walking.GPU_CONFIG, {}),
+    "K-Bot (gravity from the IMU's quaternion)": (kbot.KBotTask, kbot.DEFAULT_CONFIG, {}),
 }
 
 

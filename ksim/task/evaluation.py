@@ -2,7 +2,9 @@
 
 Besides return and length, each episode yields what locomotion is judged by: the base's mean world-x
 velocity, whether a termination (not the time limit) ended it, and with a velocity command the mean
-distance between the heading-frame base velocity and the commanded (forward, lateral) velocity.
+distance between the heading-frame base velocity and the commanded (forward, lateral) velocity, the mean
+|yaw rate - commanded yaw rate|, and over the steps whose command is zero (stand still) the base's mean
+horizontal speed, its drift.
 """
 
 from __future__ import annotations
@@ -38,6 +40,9 @@ class EpisodeStats(struct.PyTreeNode):
     speed_x_sum: Array  # base world-x velocity summed over the episode's control steps
     command_error_sum: Array  # |heading-frame velocity xy - command xy| summed over the steps (0: no command)
     terminated: Array  # ended by a termination rather than by the time limit
+    yaw_rate_error_sum: Array  # |world yaw rate - command yaw rate| summed over the steps (0: no command)
+    standing_steps: Array  # steps whose command was zero
+    drift_sum: Array  # the base's horizontal speed summed over those steps
 
 
 class EvalResult(NamedTuple):
@@ -50,18 +55,37 @@ class EvalResult(NamedTuple):
     command_error: np.ndarray | None  # each episode's mean velocity-tracking error, m/s; None without a command
     qpos: np.ndarray
     terrain_level: int | None = None  # the terrain level the episodes ran on; None without a terrain
+    yaw_rate_error: np.ndarray | None = None  # each episode's mean |yaw rate - command|, rad/s; None without one
+    drift: np.ndarray | None = None  # each episode's mean horizontal speed under a zero command (nan: none), m/s
+
+
+class StepMeasures(NamedTuple):
+    """What one control step of one env tells about locomotion (zeros where there is no velocity command)."""
+
+    speed_x: Array  # base world-x velocity
+    command_error: Array  # |heading-frame velocity xy - command xy|
+    yaw_rate_error: Array  # |world yaw rate - command yaw rate|
+    standing: Array  # the command is zero
+    drift: Array  # the base's horizontal speed where the command is zero, else 0
 
 
 def tracks_velocity(command: Command | None) -> bool:
     return isinstance(command, VelocityCommand)
 
 
-def step_measures(command: Command | None, ctx: StepContext) -> tuple[Array, Array]:
-    """(base world-x velocity, velocity-command tracking error) after one control step of one env."""
-    speed_x = ctx.base_lin_vel_world[0]
+def step_measures(command: Command | None, ctx: StepContext) -> StepMeasures:
+    """The locomotion measures after one control step of one env."""
+    speed_x, zero = ctx.base_lin_vel_world[0], jnp.zeros(())
     if not tracks_velocity(command):
-        return speed_x, jnp.zeros(())
-    return speed_x, jnp.linalg.norm(heading_velocity(ctx)[:2] - ctx.command[:2])
+        return StepMeasures(speed_x, zero, zero, jnp.zeros((), bool), zero)
+    standing = jnp.all(ctx.command == 0)
+    return StepMeasures(
+        speed_x,
+        jnp.linalg.norm(heading_velocity(ctx)[:2] - ctx.command[:2]),
+        jnp.abs(ctx.base_ang_vel_world[2] - ctx.command[2]),
+        standing,
+        jnp.where(standing, jnp.linalg.norm(ctx.base_lin_vel_world[:2]), 0.0),
+    )
 
 
 def make_eval_program(environment: Environment, terrain_column: int | None = None) -> EvalProgram:
@@ -74,14 +98,13 @@ def make_eval_program(environment: Environment, terrain_column: int | None = Non
     max_steps = environment.settings.max_episode_steps
     command = environment.components.command
 
-    def step_one(shared: Any, episode: Episode) -> tuple[Episode, Array, Array, Array, Array, Array]:
+    def step_one(shared: Any, episode: Episode) -> tuple[Episode, Array, Array, Array, StepMeasures]:
         stepped, transition = environment.step_env(shared, episode, deterministic=True)
         ctx = environment.engine.context(
             stepped.data, episode.data, stepped.last_action, episode.last_action, stepped.data.ctrl, episode.command
         )
-        speed_x, command_error = step_measures(command, ctx)
         trajectory = transition.trajectory
-        return stepped, trajectory.reward, trajectory.terminated, trajectory.truncated, speed_x, command_error
+        return stepped, trajectory.reward, trajectory.terminated, trajectory.truncated, step_measures(command, ctx)
 
     step_all = jax.vmap(step_one, in_axes=(None, 0))
 
@@ -103,19 +126,23 @@ def make_eval_program(environment: Environment, terrain_column: int | None = Non
         def body(carry: tuple[Any, ...]) -> tuple[Any, ...]:
             t, episode, stats, running, qpos_log = carry
             qpos_log = qpos_log.at[t].set(episode.data.qpos[0])
-            episode, reward, terminated, truncated, speed_x, command_error = step_all(shared, episode)
+            episode, reward, terminated, truncated, measures = step_all(shared, episode)
             stats = EpisodeStats(
                 returns=stats.returns + jnp.where(running, reward, 0.0),
                 lengths=stats.lengths + running,
-                speed_x_sum=stats.speed_x_sum + jnp.where(running, speed_x, 0.0),
-                command_error_sum=stats.command_error_sum + jnp.where(running, command_error, 0.0),
+                speed_x_sum=stats.speed_x_sum + jnp.where(running, measures.speed_x, 0.0),
+                command_error_sum=stats.command_error_sum + jnp.where(running, measures.command_error, 0.0),
                 terminated=stats.terminated | (running & terminated),
+                yaw_rate_error_sum=stats.yaw_rate_error_sum + jnp.where(running, measures.yaw_rate_error, 0.0),
+                standing_steps=stats.standing_steps + (running & measures.standing),
+                drift_sum=stats.drift_sum + jnp.where(running, measures.drift, 0.0),
             )
             running = running & ~(terminated | truncated)
             return t + 1, episode, stats, running, qpos_log
 
         zeros = jnp.zeros(num_envs)
-        stats = EpisodeStats(zeros, jnp.zeros(num_envs, jnp.int32), zeros, zeros, jnp.zeros(num_envs, bool))
+        counts = jnp.zeros(num_envs, jnp.int32)
+        stats = EpisodeStats(zeros, counts, zeros, zeros, jnp.zeros(num_envs, bool), zeros, counts, zeros)
         init = (jnp.zeros((), jnp.int32), episode, stats, jnp.ones(num_envs, bool), qpos_log)
         steps, _, stats, _, qpos_log = jax.lax.while_loop(running_any, body, init)
         return stats, qpos_log, steps
@@ -129,7 +156,8 @@ def first_episode(qpos_log: Any, lengths: Any) -> Any:
 
 
 def summary_scalars(result: EvalResult) -> dict[str, float]:
-    """Means over the episodes: return, length, base world-x speed, fall rate (and command error)."""
+    """Means over the episodes: return, length, base world-x speed, fall rate (with a velocity command: its xy
+    and yaw-rate errors, and the drift over the episodes that had a zero command)."""
     scalars = {
         "eval/return": float(np.mean(result.returns)),
         "eval/length": float(np.mean(result.lengths)),
@@ -138,6 +166,10 @@ def summary_scalars(result: EvalResult) -> dict[str, float]:
     }
     if result.command_error is not None:
         scalars["eval/command_error"] = float(np.mean(result.command_error))
+    if result.yaw_rate_error is not None:
+        scalars["eval/yaw_rate_error"] = float(np.mean(result.yaw_rate_error))
+    if result.drift is not None and np.any(np.isfinite(result.drift)):
+        scalars["eval/drift"] = float(np.nanmean(result.drift))
     if result.terrain_level is not None:
         scalars["eval/terrain_level"] = float(result.terrain_level)
     return scalars
@@ -197,7 +229,15 @@ class Evaluator:
             stats.command_error_sum / steps if tracking else None,
             first_episode(qpos, stats.lengths),
             int(inputs[2][0]) if self.environment.terrain is not None and len(inputs[2]) else None,
+            stats.yaw_rate_error_sum / steps if tracking else None,
+            mean_drift(stats.drift_sum, stats.standing_steps) if tracking else None,
         )
+
+
+def mean_drift(drift_sum: np.ndarray, standing_steps: np.ndarray) -> np.ndarray:
+    """Per episode, the mean horizontal speed over its zero-command steps (nan for an episode without any)."""
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(standing_steps > 0, drift_sum / np.maximum(standing_steps, 1), np.nan)
 
 
 def report_evaluation(task_name: str, result: EvalResult, mj_model: mujoco.MjModel, config: RLConfig) -> Path | None:

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ksim.task.env import Environment, judge_step
-from ksim.task.evaluation import EvalResult, step_measures, tracks_velocity
+from ksim.task.evaluation import EvalResult, StepMeasures, mean_drift, step_measures, tracks_velocity
 
 Array = jax.Array
 
@@ -49,22 +49,23 @@ def draw_starts(environment: Environment, seed: int, count: int) -> list[tuple[n
     return [(qpos[i], qvel[i], command[i]) for i in range(count)]
 
 
-def make_judge(environment: Environment) -> Callable[..., tuple[Array, Array, Array, Array]]:
-    """(qpos, qvel, action, ctrl, command) of one episode -> per step (reward, terminated, speed_x, command error)."""
+def make_judge(environment: Environment) -> Callable[..., tuple[Array, Array, StepMeasures]]:
+    """(qpos, qvel, action, ctrl, command) of one episode -> per step (reward, terminated, locomotion measures)."""
     engine, parts, ctrl_dt = environment.engine, environment.components, environment.settings.ctrl_dt
 
-    def judge(qpos: Array, qvel: Array, action: Array, ctrl: Array, command: Array) -> tuple[Array, ...]:
+    def judge(
+        qpos: Array, qvel: Array, action: Array, ctrl: Array, command: Array
+    ) -> tuple[Array, Array, StepMeasures]:
         times = jnp.arange(qpos.shape[0], dtype=jnp.float32) * ctrl_dt
         datas = jax.vmap(lambda q, v, t: engine.make_data(q, v).replace(time=t))(qpos, qvel, times)
         previous_actions = jnp.concatenate([jnp.zeros_like(action[:1]), action[:-1]])
         start_states = {key: c.initial_state(engine.layout) for key, c in parts.stateful}
 
-        def body(states: dict[str, Any], t: Array) -> tuple[dict[str, Any], tuple[Array, ...]]:
+        def body(states: dict[str, Any], t: Array) -> tuple[dict[str, Any], tuple[Array, Array, StepMeasures]]:
             data, prev = (jax.tree.map(lambda leaf, i=i: leaf[i], datas) for i in (t + 1, t))
             ctx = engine.context(data, prev, action[t], previous_actions[t], ctrl[t], command[t])
             terminated, _, reward, states = judge_step(parts, ctx, states)
-            speed_x, command_error = step_measures(parts.command, ctx)
-            return states, (reward, terminated, speed_x, command_error)
+            return states, (reward, terminated, step_measures(parts.command, ctx))
 
         _, per_step = jax.lax.scan(body, start_states, jnp.arange(action.shape[0]))
         return per_step
@@ -75,25 +76,28 @@ def make_judge(environment: Environment) -> Callable[..., tuple[Array, Array, Ar
 def judge_episodes(environment: Environment, episodes: Sequence[RecordedEpisode]) -> EvalResult:
     """The episodes as `mode=eval` reports them: each ends at its first termination (a fall) or its last step."""
     judge = make_judge(environment)
-    returns, lengths, speeds, fell, errors = [], [], [], [], []
+    returns, lengths, fell, measures = [], [], [], []
     for episode in episodes:
         arrays = (episode.qpos, episode.qvel, episode.action, episode.ctrl, episode.command)
-        reward, terminated, speed_x, error = (
-            np.asarray(x) for x in judge(*(jnp.asarray(a, jnp.float32) for a in arrays))
-        )
+        reward, terminated, per_step = jax.device_get(judge(*(jnp.asarray(a, jnp.float32) for a in arrays)))
         ended = np.flatnonzero(terminated)
         length = int(ended[0]) + 1 if ended.size else len(reward)
         returns.append(reward[:length].sum())
         lengths.append(length)
-        speeds.append(speed_x[:length].mean())
         fell.append(bool(ended.size))
-        errors.append(error[:length].mean())
+        measures.append([np.asarray(m)[:length] for m in per_step])
     tracking = tracks_velocity(environment.components.command)
+    speed_x, error, yaw_error, standing, drift = (
+        [per_episode[i] for per_episode in measures] for i in range(len(StepMeasures._fields))
+    )
     return EvalResult(
         np.asarray(returns),
         np.asarray(lengths),
-        np.asarray(speeds),
+        np.asarray([m.mean() for m in speed_x]),
         np.asarray(fell),
-        np.asarray(errors) if tracking else None,
+        np.asarray([m.mean() for m in error]) if tracking else None,
         episodes[0].qpos if episodes else np.zeros((0, 0)),
+        None,
+        np.asarray([m.mean() for m in yaw_error]) if tracking else None,
+        mean_drift(np.asarray([m.sum() for m in drift]), np.asarray([m.sum() for m in standing])) if tracking else None,
     )
