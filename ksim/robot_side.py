@@ -172,39 +172,28 @@ def describe_actuation(mj_model: mujoco.MjModel, actuators: Actuators) -> Actuat
         else ""
         for i, j in enumerate(mj_model.actuator_trnid[:, 0])
     ]
+    if not isinstance(actuators, PositionActuators | PositionServoActuators | TorqueActuators):
+        raise ConfigError(f"mode='export' cannot describe {type(actuators).__name__} for a robot (ksim.robot_side)")
     gear = mj_model.actuator_gear[:, 0].astype(np.float32)
-    common = {"actuators": names, "joints": joints, "gear": _floats(gear)}
+    spec = ActuationSpec(
+        "torque",
+        names,
+        joints,
+        float(actuators.action_scale),
+        _floats(gear),
+        _floats(actuators.ctrl_low),
+        _floats(actuators.ctrl_high),
+    )
     if isinstance(actuators, PositionActuators):
-        return ActuationSpec(
-            "pd",
-            action_scale=float(actuators.action_scale),
-            ctrl_low=_floats(actuators.ctrl_low),
-            ctrl_high=_floats(actuators.ctrl_high),
-            default_position=_floats(actuators.default_qpos),
-            kp=_floats(actuators.kp),
-            kd=_floats(actuators.kd),
-            **common,  # type: ignore[arg-type]
-        )
-    if isinstance(actuators, PositionServoActuators):
-        return ActuationSpec(
-            "servo",
-            action_scale=float(actuators.action_scale),
-            ctrl_low=_floats(actuators.ctrl_low),
-            ctrl_high=_floats(actuators.ctrl_high),
-            default_position=_floats(actuators.default_ctrl / actuators.gear),
-            kp=_floats(mj_model.actuator_gainprm[:, 0]),
-            kd=_floats(-mj_model.actuator_biasprm[:, 2]),
-            **common,  # type: ignore[arg-type]
-        )
-    if isinstance(actuators, TorqueActuators):
-        return ActuationSpec(
-            "torque",
-            action_scale=float(actuators.action_scale),
-            ctrl_low=_floats(actuators.ctrl_low),
-            ctrl_high=_floats(actuators.ctrl_high),
-            **common,  # type: ignore[arg-type]
-        )
-    raise ConfigError(f"mode='export' cannot describe {type(actuators).__name__} for a robot (ksim.robot_side)")
+        return _with_gains(spec, "pd", actuators.default_qpos, actuators.kp, actuators.kd)
+    if isinstance(actuators, PositionServoActuators):  # the servos' gains live in the model
+        default = actuators.default_ctrl / actuators.gear
+        return _with_gains(spec, "servo", default, mj_model.actuator_gainprm[:, 0], -mj_model.actuator_biasprm[:, 2])
+    return spec
+
+
+def _with_gains(spec: ActuationSpec, kind: str, default: np.ndarray, kp: np.ndarray, kd: np.ndarray) -> ActuationSpec:
+    return dataclasses.replace(spec, kind=kind, default_position=_floats(default), kp=_floats(kp), kd=_floats(kd))
 
 
 def describe_robot(
