@@ -49,13 +49,18 @@ def observation_names(layout: tuple[tuple[str, int], ...]) -> list[str]:
 
 
 class SceneView:
-    """The model's geoms in a Viser scene, posed from a qpos with host MuJoCo kinematics."""
+    """The model's geoms in a Viser scene, posed from a qpos with host MuJoCo kinematics.
+
+    Following the base moves the scene under the cameras, not the cameras: a browser echoes its camera back
+    late and overwrites the server's copy of it, so steps of camera motion sent from the server get lost.
+    """
 
     def __init__(self, server: viser.ViserServer, mj_model: mujoco.MjModel, groups: tuple[int, ...]) -> None:
         self.mj_model, self.mj_data = mj_model, mujoco.MjData(mj_model)
         self.server = server
         self.handles: dict[int, viser.MeshHandle] = {}
         self.shown_groups = set(groups)
+        self.world = server.scene.add_frame("/world", show_axes=False)  # every geom's parent: shifted to follow
         for geom in range(mj_model.ngeom):
             self._add_geom(geom)
         server.scene.add_light_hemisphere("/light/sky", sky_color=(255, 255, 255), ground_color=(80, 80, 90))
@@ -68,7 +73,7 @@ class SceneView:
         if mesh is None or rgba[3] == 0:
             return
         self.handles[geom] = self.server.scene.add_mesh_simple(
-            f"/geoms/{geom}",
+            f"/world/geoms/{geom}",
             mesh.vertices,
             mesh.faces,
             color=np.round(rgba[:3] * 255).astype(np.uint8),
@@ -89,8 +94,8 @@ class SceneView:
             if int(self.mj_model.geom_group[geom]) == group:
                 handle.visible = shown
 
-    def pose(self, qpos: np.ndarray, base_body: int) -> None:
-        """Moves every geom to where `qpos` puts it; remembers the base's position for the camera."""
+    def pose(self, qpos: np.ndarray, base_body: int, keep_base_at: np.ndarray | None = None) -> None:
+        """Moves every geom to where `qpos` puts it; with `keep_base_at`, shifts the scene to draw the base there."""
         self.mj_data.qpos[:] = qpos
         mujoco.mj_kinematics(self.mj_model, self.mj_data)
         quat = np.zeros(4)
@@ -101,7 +106,9 @@ class SceneView:
                 mujoco.mju_mat2Quat(quat, self.mj_data.geom_xmat[geom])
                 handle.position = self.mj_data.geom_xpos[geom].copy()
                 handle.wxyz = quat.copy()
-        self.base_pos = self.mj_data.xpos[base_body].copy()
+            self.base_pos = self.mj_data.xpos[base_body].copy()
+            if keep_base_at is not None:  # else the shift stays: the robot walks off rather than jumping away
+                self.world.position = keep_base_at - self.base_pos
 
     def place_world_geoms(self) -> None:
         """World geoms (floor, rails) are posed once, from the model's default configuration."""
@@ -231,29 +238,17 @@ class Viewer:
         self.steps = 0
         self.resets = 0  # episodes restarted from the page
         self.scene.pose(sim.qpos, base_body)
-        self._aim_initial_camera()
+        self.anchor = self.scene.base_pos  # where the base is drawn while following: the initial camera's aim
+        self.server.initial_camera.look_at = self.anchor
+        self.server.initial_camera.position = self.anchor + CAMERA_OFFSET
 
     @property
     def url(self) -> str:
         return f"http://localhost:{self.server.get_port()}"
 
-    def _aim_initial_camera(self) -> None:
-        target = self.scene.base_pos
-        self.server.initial_camera.look_at = target
-        self.server.initial_camera.position = target + CAMERA_OFFSET
-
-    def _follow(self, previous: np.ndarray) -> None:
-        """Moves every browser's camera with the base (keeping each user's viewing angle)."""
-        shift = self.scene.base_pos - previous
-        if not self.panel.follow.value or not np.any(shift):
-            return
-        for client in self.server.get_clients().values():
-            if client.camera.update_timestamp == 0.0:
-                continue  # a browser that has not reported its camera yet starts at the initial camera
-            with client.atomic():
-                client.camera.position = np.asarray(client.camera.position) + shift
-                client.camera.look_at = np.asarray(client.camera.look_at) + shift
-        self._aim_initial_camera()
+    def _pose(self, qpos: np.ndarray) -> None:
+        """Poses the scene from `qpos`, the base kept at the anchor while "Camera follows base" is checked."""
+        self.scene.pose(qpos, self.base_body, self.anchor if self.panel.follow.value else None)
 
     def _record(self, report: StepReport) -> None:
         for name, value in report.reward_terms.items():
@@ -266,7 +261,7 @@ class Viewer:
             self.panel.reset_requested.clear()
             self.sim.reset()
             self.resets += 1
-            self.scene.pose(self.sim.qpos, self.base_body)
+            self._pose(self.sim.qpos)
         if self.panel.push_requested.is_set():
             self.panel.push_requested.clear()
             self.sim.push_base()
@@ -275,9 +270,7 @@ class Viewer:
         """One control step with the page's settings, shown in the scene."""
         self.sim.held_command = self.panel.held_command()
         report = self.sim.step(deterministic=self.panel.deterministic.value)
-        previous = self.scene.base_pos
-        self.scene.pose(report.qpos if report.ended_by is None else self.sim.qpos, self.base_body)
-        self._follow(previous)
+        self._pose(report.qpos if report.ended_by is None else self.sim.qpos)
         self._record(report)
         self.steps += 1
         return report

@@ -2,27 +2,42 @@
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import shutil
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+from io import BytesIO
 from pathlib import Path
 from typing import Any
 
+import jax
 import mujoco
 import numpy as np
 import pytest
 from helpers import cartpole_config
 
 from examples.cartpole import CartpoleTask
+from ksim import observations as obs
+from ksim import rewards as rew
+from ksim import terminations as term
+from ksim.actuators import Actuators, TorqueActuators
+from ksim.engine import ModelLayout
 from ksim.geom_mesh import box_mesh, capsule_mesh, cylinder_mesh, geom_mesh
 from ksim.modes.view import make_viewer
+from ksim.resets import Reset
+from ksim.task.ppo import PPOConfig, PPOTask
 from ksim.viewer_settings import command_ranges
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 CHROMEDRIVER = shutil.which("chromedriver")
 PAGE_TIMEOUT_S = 90.0
+needs_chromium = pytest.mark.skipif(
+    CHROMIUM is None or CHROMEDRIVER is None,
+    reason="no Chromium and chromedriver on this machine (apt-get install chromium chromium-driver; .ci/run does)",
+)
 
 
 def free_port() -> int:
@@ -68,16 +83,12 @@ def warm_pixels(png: bytes, panel_fraction: float = 0.3) -> int:
     return int(np.sum((r > g) & (g > b) & (r - b > 60)))
 
 
-@pytest.mark.skipif(
-    CHROMIUM is None or CHROMEDRIVER is None,
-    reason="no Chromium and chromedriver on this machine (apt-get install chromium chromium-driver; .ci/run does)",
-)
-def test_browser_shows_the_robot_and_reset_restarts_the_episode(viewer: Any, tmp_path: Path) -> None:
+@contextlib.contextmanager
+def chromium(url: str) -> Iterator[Any]:
+    """A headless Chromium (selenium driver) showing `url`, quit on leaving."""
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
-    from selenium.webdriver.common.by import By
 
-    view, thread = viewer
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
     for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=800,600"):
@@ -85,7 +96,18 @@ def test_browser_shows_the_robot_and_reset_restarts_the_episode(viewer: Any, tmp
     options.add_argument("--enable-unsafe-swiftshader")  # WebGL in software: CI machines have no GPU
     driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
     try:
-        driver.get(view.url)
+        driver.get(url)
+        yield driver
+    finally:
+        driver.quit()
+
+
+@needs_chromium
+def test_browser_shows_the_robot_and_reset_restarts_the_episode(viewer: Any, tmp_path: Path) -> None:
+    from selenium.webdriver.common.by import By
+
+    view, thread = viewer
+    with chromium(view.url) as driver:
 
         def reset_button() -> Any:
             buttons = [b for b in driver.find_elements(By.TAG_NAME, "button") if b.text == "Reset"]
@@ -105,8 +127,6 @@ def test_browser_shows_the_robot_and_reset_restarts_the_episode(viewer: Any, tmp
         wait_for(lambda: view.resets == 1, "the simulation to restart its episode")
         assert view.sim._draws > draws
         wait_for(lambda: "Resets 1" in driver.find_element(By.TAG_NAME, "body").text, "the page to report the reset")
-    finally:
-        driver.quit()
     steps = view.steps  # the browser has gone: the simulation runs on
     wait_for(lambda: view.steps > steps, "steps after the browser left", timeout_s=20)
     reconnect_and_leave(view.url.replace("http://", "ws://"))  # a browser coming back is served the scene
@@ -123,6 +143,128 @@ def reconnect_and_leave(ws_url: str) -> None:
 
     with connect(ws_url, subprotocols=[Subprotocol(f"viser-v{viser.__version__}")], open_timeout=30) as page:
         assert page.recv(timeout=30)  # the scene's first message
+
+
+# A red box floating free (no gravity, no contacts) that glides along world x at GLIDE_SPEED from the start
+# of each episode, whatever the policy does (its one motor turns a weightless tab): a base that moves by
+# construction, as a trained robot's walks.
+GLIDER_XML = """
+<mujoco>
+  <option timestep="0.01" iterations="1" ls_iterations="1" gravity="0 0 0"><flag contact="disable"/></option>
+  <worldbody>
+    <geom name="floor" type="plane" size="50 50 0.1" rgba="0.5 0.5 0.55 1"/>
+    <body name="glider" pos="0 0 0.3">
+      <freejoint name="root"/>
+      <geom type="box" size="0.2 0.12 0.08" rgba="1 0 0 1" mass="1"/>
+      <body name="tab"><joint name="tab" type="hinge" axis="0 0 1"/><geom type="sphere" size="0.01" mass="1e-3"/></body>
+    </body>
+  </worldbody>
+  <actuator><motor joint="tab" gear="1e-9" ctrlrange="-1 1"/></actuator>
+</mujoco>"""
+GLIDE_SPEED = 2.0  # m/s
+
+
+@dataclasses.dataclass(frozen=True)
+class Glide(Reset):
+    def apply(self, qpos: jax.Array, qvel: jax.Array, layout: ModelLayout, rng: jax.Array) -> tuple:
+        return qpos, qvel.at[0].set(GLIDE_SPEED)
+
+
+class GliderTask(PPOTask[PPOConfig]):
+    def get_mujoco_model(self) -> mujoco.MjModel:
+        return mujoco.MjModel.from_xml_string(GLIDER_XML)
+
+    def get_observations(self) -> Sequence[obs.Observation]:
+        return [obs.BaseLinearVelocity()]
+
+    def get_rewards(self) -> Sequence[rew.Reward]:
+        return [rew.StayAlive(scale=1.0)]
+
+    def get_terminations(self) -> Sequence[term.Termination]:
+        return []
+
+    def get_resets(self) -> Sequence[Reset]:
+        return [Glide()]
+
+    def get_actuators(self) -> Actuators:
+        return TorqueActuators.from_model(self.engine.mj_model)
+
+
+def red_pixels(png: bytes) -> tuple[int, np.ndarray]:
+    """The red box's pixels: their count and their centroid's offset from the frame's centre (fractions of it)."""
+    from PIL import Image
+
+    image = np.asarray(Image.open(BytesIO(png)).convert("RGB")).astype(int)
+    r, g, b = image[..., 0], image[..., 1], image[..., 2]
+    red = (r > 100) & (g < 0.6 * r) & (b < 0.6 * r) & (abs(g - b) < 50)  # not the orange of the page's notices
+    red[int(0.8 * red.shape[0]) :, : int(0.08 * red.shape[1])] = False  # the axes gizmo, bottom left
+    rows, columns = np.nonzero(red)
+    if not len(rows):
+        return 0, np.full(2, np.inf)
+    return len(rows), np.asarray([columns.mean() / red.shape[1], rows.mean() / red.shape[0]]) - 0.5
+
+
+def still_screenshot(driver: Any) -> bytes:
+    """A screenshot once the page has drawn all it was sent (two in a row alike; the simulation paused)."""
+    shots = [driver.get_screenshot_as_png()]
+
+    def settled() -> bool:
+        shots.append(driver.get_screenshot_as_png())
+        return shots[-1] == shots[-2]
+
+    wait_for(settled, "the page to stop changing")
+    return shots[-1]
+
+
+def glide(view: Any, metres: float) -> None:
+    """Plays until the base has moved `metres` along x, then pauses."""
+    start = float(view.scene.base_pos[0])
+    view.panel.playing.value = True
+    wait_for(lambda: view.scene.base_pos[0] - start >= metres, f"the base to glide {metres} m")
+    view.panel.playing.value = False
+
+
+@needs_chromium
+def test_camera_following_the_base_keeps_a_moving_robot_in_view(tmp_path: Path) -> None:
+    config = PPOConfig(
+        num_envs=4,
+        batch_size=4,
+        rollout_length_frames=4,
+        actor_hidden=[8],
+        critic_hidden=[8],
+        ctrl_dt=0.02,
+        dt=0.01,
+        episode_length_s=100.0,
+        mode="view",
+        view_port=free_port(),
+    )
+    view = make_viewer(GliderTask(config))
+    view.panel.playing.value = False
+    stop = threading.Event()
+    thread = threading.Thread(target=view.run, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        with chromium(view.url) as driver:
+            wait_for(lambda: red_pixels(driver.get_screenshot_as_png())[0] > 0, "the red box drawn in the page")
+            start_png = still_screenshot(driver)
+            (tmp_path / "start.png").write_bytes(start_png)
+            start_count, start_offset = red_pixels(start_png)
+            assert start_count > 300 and np.all(np.abs(start_offset) < 0.1), (start_count, start_offset)
+
+            glide(view, 8.0)  # followed: drawn where it started, as large
+            followed_png = still_screenshot(driver)
+            (tmp_path / "followed.png").write_bytes(followed_png)
+            count, offset = red_pixels(followed_png)
+            assert count > 0.7 * start_count and np.all(np.abs(offset) < 0.1), (start_count, count, offset)
+
+            view.panel.follow.value = False
+            glide(view, 4.0)  # unfollowed, half as far: out of the frame
+            count, _ = red_pixels(still_screenshot(driver))
+            assert count < 0.05 * start_count, (start_count, count)
+    finally:
+        stop.set()
+        thread.join(timeout=10)
+        view.close()
 
 
 def test_port_in_use_is_refused_before_compiling(capsys: pytest.CaptureFixture[str]) -> None:
