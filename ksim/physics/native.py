@@ -5,6 +5,11 @@ batch of simulations (float64, MuJoCo's precision), steps them on the batch's C 
 and the contract's derived fields back. A batch holds no state between calls, so resets, pooled starts,
 checkpoints and pmap sharding work on the pytree as with MJX, and a call's result depends on its inputs only.
 
+Where the XLA FFI extension is built (ksim/physics/ffi/native_ffi.cc, `make install`; ksim.physics.native_ffi
+loads it), the same host work runs as FFI custom calls in C++ (`use_ffi`): the programs then hold no Python
+callback, so they reach JAX's persistent compilation cache, and no step crosses into Python. Both paths give the
+same bits; where the extension is missing or stale, the engine says why in one line and uses the callbacks.
+
 Under `jax.vmap` a callback receives every env of the call at once (`vmap_method="broadcast_all"`); under
 pmap each device's shard calls from its own thread, and takes a batch of its own from a lock-protected pool
 (a batch must not be called from two threads at once).
@@ -39,6 +44,7 @@ from flax import struct
 
 from ksim.config import ConfigError
 from ksim.engine import Contacts, PhysicsEngine
+from ksim.physics import native_ffi
 
 Array = jax.Array
 
@@ -165,6 +171,18 @@ class _Scratch:
         self.written = set(names)
 
 
+class FfiClock:
+    """Seconds spent in the FFI handlers of one model (every engine of that model in the process, summed over
+    concurrent callers): `HostClock`'s figure for the FFI path."""
+
+    def __init__(self, library: native_ffi.FfiLibrary, key: str) -> None:
+        self._library, self._key = library, key
+
+    @property
+    def seconds(self) -> float:
+        return self._library.host_seconds(self._key)
+
+
 class HostClock:
     """Seconds spent in the engine's host callbacks, summed over callers (pmap's shards overlap in time)."""
 
@@ -228,6 +246,7 @@ class NativeEngine(PhysicsEngine):
 
     contact_rows: int = DEFAULT_CONTACT_ROWS
     nthread: int = 1
+    use_ffi: bool = False  # the host work as XLA FFI calls into the C++ extension, not Python callbacks
     physics_impl = "mujoco"
     # A refill's cost is mostly its fixed part (the JAX program around the callback, the crossing), not the C
     # forward calls, so one refill of every env is cheaper than several chunks.
@@ -246,10 +265,18 @@ class NativeEngine(PhysicsEngine):
         return field_shapes(self.mj_model)
 
     @functools.cached_property
-    def host_clock(self) -> HostClock:
-        """Time in the physics' host callbacks, the C MuJoCo steps and their copies in and out (benchmarks read
-        it to split a train step)."""
-        return HostClock()
+    def host_clock(self) -> HostClock | FfiClock:
+        """Time in the physics' host callbacks (or FFI handlers), the C MuJoCo steps and their copies in and out
+        (benchmarks read it to split a train step)."""
+        return FfiClock(*self._ffi) if self.use_ffi else HostClock()
+
+    @functools.cached_property
+    def _ffi(self) -> tuple[native_ffi.FfiLibrary, str]:
+        """The extension and this model's key in it (registered on first use, as a batch copies the model then)."""
+        library = native_ffi.load()
+        if isinstance(library, str):
+            raise RuntimeError(f"the native FFI engine cannot run: {library}")
+        return library, library.register_model(self.mj_model)
 
     @property
     def _final_stage(self) -> int:
@@ -326,6 +353,9 @@ class NativeEngine(PhysicsEngine):
         if unknown:
             raise ConfigError(f"physics_impl='mujoco' cannot randomize the model fields {', '.join(unknown)}")
         offsets = self._offsets(outputs)
+        if self.use_ffi:
+            packed = self._ffi_step(nstep, final, data, names, offsets)
+            return {name: packed[a:b].reshape(self._shapes[name]) for name, a, b in offsets}
         packed = jax.pure_callback(
             functools.partial(self._host, nstep, final, names, offsets),
             jax.ShapeDtypeStruct((offsets[-1][2],), jnp.float32),
@@ -334,6 +364,27 @@ class NativeEngine(PhysicsEngine):
             vmap_method="broadcast_all",
         )
         return {name: packed[a:b].reshape(self._shapes[name]) for name, a, b in offsets}
+
+    def _ffi_step(
+        self, nstep: int, final: bool, data: NativeData, names: tuple[str, ...], offsets: tuple[tuple[str, int, int], ...]
+    ) -> Array:
+        """`_host`'s work as one FFI call (KsimNativeStep in native_ffi.cc): the packed outputs of one env."""
+        stage = self._final_stage if final or nstep == 0 else int(mujoco.mjtStage.mjSTAGE_NONE)
+        call = jax.ffi.ffi_call(
+            native_ffi.STEP_TARGET,
+            jax.ShapeDtypeStruct((offsets[-1][2],), jnp.float32),
+            vmap_method="broadcast_all",
+        )
+        return call(  # type: ignore[no-any-return]
+            self._packed_state(data),
+            *(jnp.asarray(data.fields[name], jnp.float32) for name in names),
+            model=self._ffi[1],
+            fields=",".join(names),
+            outputs=",".join(name for name, _, _ in offsets),
+            nstep=np.int64(nstep),
+            stage=np.int64(stage),
+            nthread=np.int64(self.nthread),
+        )
 
     # ----- the engine interface ------------------------------------------------------------------------------
 
@@ -384,13 +435,14 @@ class NativeEngine(PhysicsEngine):
             jax.ShapeDtypeStruct((rows, 3), jnp.float32),
             jax.ShapeDtypeStruct((rows,), jnp.float32),
         )
-        table = jax.pure_callback(
-            functools.partial(self._contacts_host, names),
-            shapes,
-            self._packed_state(data),
-            *(jnp.asarray(data.fields[name], jnp.float32) for name in names),
-            vmap_method="broadcast_all",
-        )
+        inputs = (self._packed_state(data), *(jnp.asarray(data.fields[name], jnp.float32) for name in names))
+        if self.use_ffi:
+            call = jax.ffi.ffi_call(native_ffi.CONTACTS_TARGET, shapes, vmap_method="broadcast_all")
+            table = call(*inputs, model=self._ffi[1], fields=",".join(names))
+        else:
+            table = jax.pure_callback(
+                functools.partial(self._contacts_host, names), shapes, *inputs, vmap_method="broadcast_all"
+            )
         return Contacts(*table)
 
     @functools.cached_property
@@ -526,6 +578,7 @@ def create_native(
     default_qpos: np.ndarray,
     contact_rows: int = DEFAULT_CONTACT_ROWS,
 ) -> NativeEngine:
+    """The native engine of the model: FFI calls where the extension loads, else Python callbacks (said once)."""
     device = jax.local_devices()[0]
     if device.platform != "cpu":
         raise ConfigError(
@@ -536,4 +589,10 @@ def create_native(
         probe.forward()
     except (ValueError, mujoco.FatalError, mujoco.batch.SimulationError) as error:
         raise ConfigError(f"MuJoCo cannot run this model: {str(error).splitlines()[0]}") from None
-    return NativeEngine(mj_model, ctrl_dt, dt, default_qpos, layout, contact_rows, default_threads())
+    library = native_ffi.load()
+    if isinstance(library, str):
+        note = native_ffi.fallback_note(library)
+        if note:
+            print(note, flush=True)
+    use_ffi = not isinstance(library, str)
+    return NativeEngine(mj_model, ctrl_dt, dt, default_qpos, layout, contact_rows, default_threads(), use_ffi)
