@@ -62,7 +62,7 @@ def compile_command(output: Path) -> list[str]:
         "-std=c++17",
         "-shared",
         "-fPIC",
-        f"-DKSIM_FFI_BUILD_INFO=\"{build_info()}\"",
+        f'-DKSIM_FFI_BUILD_INFO="{build_info()}"',
         "-isystem",
         jax.ffi.include_dir(),
         "-isystem",
