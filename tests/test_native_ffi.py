@@ -180,7 +180,9 @@ def test_the_ffi_calls_and_clock_are_counted() -> None:
     library, key = engine._ffi
     counts = [library.calls(key, kind) for kind in range(3)]
     seconds = engine.host_clock.seconds
-    data = jax.jit(engine.make_data)(jnp.asarray(engine.mj_model.qpos0), jnp.zeros(engine.mj_model.nv))
+    data = jax.block_until_ready(
+        jax.jit(engine.make_data)(jnp.asarray(engine.mj_model.qpos0), jnp.zeros(engine.mj_model.nv))
+    )
     jax.jit(lambda d: engine.step(d, lambda d: -d.qvel[:3])[0].qpos)(data).block_until_ready()
     jax.jit(lambda d: engine.step(d, lambda _: jnp.ones(3))[0].qpos)(data).block_until_ready()
     jax.jit(lambda d: engine.contacts(d).dist)(data).block_until_ready()

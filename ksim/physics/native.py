@@ -447,7 +447,7 @@ class NativeEngine(PhysicsEngine):
         inputs = (self._packed_state(data), *(jnp.asarray(data.fields[name], jnp.float32) for name in names))
         if self.use_ffi:
             call = jax.ffi.ffi_call(native_ffi.CONTACTS_TARGET, shapes, vmap_method="broadcast_all")
-            table = call(*inputs, model=self._ffi[1], fields=",".join(names))
+            table = call(*inputs, model=self._ffi[1], fields=",".join(names), nthread=np.int64(self.nthread))
         else:
             table = jax.pure_callback(
                 functools.partial(self._contacts_host, names), shapes, *inputs, vmap_method="broadcast_all"

@@ -5,7 +5,7 @@
 // Each handler does what its Python callback does, in the same order and with the same conversions, so the two
 // paths give the same bits: float32 state rows written into the float64 rows of a pooled mjBatch, the
 // randomized model fields into its expanded fields, mjb_step / mjb_forward, the fields asked for read back and
-// rounded to float32; the contacts from mj_forward of each env's state in a model and data of the engine's own.
+// rounded to float32; the contacts from mj_forward of each env's state (mjb_apply on the same pooled batches).
 // A model is registered once under a key of its contents (ksim_ffi_register_model); the programs name the key.
 
 #include <mujoco/mjbatch.h>
@@ -23,7 +23,6 @@
 #include <memory>
 #include <mutex>
 #include <numeric>
-#include <set>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -226,29 +225,15 @@ struct Sims {
   }
 };
 
-// A model and data for the contacts (native._Scratch), and the fields it randomized last.
-struct Scratch {
-  mjModel* model = nullptr;
-  mjData* data = nullptr;
-  std::set<std::string, std::less<>> written;
-
-  ~Scratch() {
-    if (data != nullptr) mj_deleteData(data);
-    if (model != nullptr) mj_deleteModel(model);
-  }
-};
-
 struct Entry {
   mjModel* model = nullptr;  // the registry's own copy
   std::mutex lock;           // guards the free lists
   std::vector<std::unique_ptr<Sims>> free_sims;
-  std::vector<std::unique_ptr<Scratch>> free_scratches;
   std::atomic<int64_t> nanos{0};
   std::atomic<int64_t> calls[3] = {0, 0, 0};  // forward, step, contacts
 
   ~Entry() {
     free_sims.clear();
-    free_scratches.clear();
     if (model != nullptr) mj_deleteModel(model);
   }
 };
@@ -308,26 +293,6 @@ std::unique_ptr<Sims> TakeSims(Entry* entry, int n, int nthread, std::string* er
 void GiveSims(Entry* entry, std::unique_ptr<Sims> sims) {
   std::lock_guard<std::mutex> guard(entry->lock);
   entry->free_sims.push_back(std::move(sims));
-}
-
-std::unique_ptr<Scratch> TakeScratch(Entry* entry) {
-  {
-    std::lock_guard<std::mutex> guard(entry->lock);
-    if (!entry->free_scratches.empty()) {
-      std::unique_ptr<Scratch> scratch = std::move(entry->free_scratches.back());
-      entry->free_scratches.pop_back();
-      return scratch;
-    }
-  }
-  auto scratch = std::make_unique<Scratch>();
-  scratch->model = mj_copyModel(nullptr, entry->model);
-  scratch->data = mj_makeData(scratch->model);
-  return scratch;
-}
-
-void GiveScratch(Entry* entry, std::unique_ptr<Scratch> scratch) {
-  std::lock_guard<std::mutex> guard(entry->lock);
-  entry->free_scratches.push_back(std::move(scratch));
 }
 
 // ----- the step handler ------------------------------------------------------------------------------------------
@@ -391,6 +356,53 @@ ffi::Error OutputSource(const mjModel* m, Sims* sims, std::string_view name, Sou
   return ffi::Error::Success();
 }
 
+// A call's batch, taken from the pool for the call's envs and given back when the call ends.
+struct Call {
+  Entry* entry;
+  std::unique_ptr<Sims> sims;
+  ~Call() {
+    if (sims != nullptr) GiveSims(entry, std::move(sims));
+  }
+};
+
+int64_t StateWidth(const mjModel* m) {
+  int64_t width = 0;
+  for (int i = 0; i < kNumState; ++i) width += StateSize(m, i);
+  return width;
+}
+
+// Takes a batch for the n envs and writes their packed float32 state rows into its float64 rows and their
+// fields into its expanded fields (the first half of NativeEngine._host).
+ffi::Error Load(Call* call, const float* in, int64_t n, int64_t nthread, const CallFields& fields) {
+  const mjModel* m = call->entry->model;
+  std::string message;
+  call->sims = TakeSims(call->entry, static_cast<int>(n), static_cast<int>(nthread), &message);
+  if (call->sims == nullptr) return ffi::Error::Internal("ksim: mjb_makeBatch: " + message);
+  mjBatch* b = call->sims->batch;
+  double* rows = mjb_state(b);
+  int64_t nstate = mjb_nstate(b), width = StateWidth(m), packed = 0;
+  for (int f = 0; f < kNumState; ++f) {
+    int64_t offset = mjb_stateComponent(b, kState[f].component, nullptr) - rows, size = StateSize(m, f);
+    for (int64_t env = 0; env < n; ++env) {
+      double* dst = rows + env * nstate + offset;
+      const float* src = in + env * width + packed;
+      for (int64_t k = 0; k < size; ++k) dst[k] = static_cast<double>(src[k]);
+    }
+    packed += size;
+  }
+  return WriteFields(m, call->sims.get(), fields, n);
+}
+
+// The simulations 0..n-1 for mjb calls: null where they are all of the batch's.
+std::vector<int> Ids(const Sims& sims, int64_t n) {
+  std::vector<int> ids;
+  if (n != sims.nsim) {
+    ids.resize(n);
+    std::iota(ids.begin(), ids.end(), 0);
+  }
+  return ids;
+}
+
 // Writes the envs' packed state and their fields into a batch, runs `nstep` substeps (0: the forward stages only)
 // and then the stages up to `stage`, and reads the `outputs` fields back into one float32 row per env
 // (NativeEngine._host). A simulation MuJoCo refuses to run comes back as a row of NaN.
@@ -402,59 +414,28 @@ ffi::Error StepImpl(ffi::Buffer<ffi::F32> state, ffi::RemainingArgs field_args, 
   Timed timed{entry};
   entry->calls[nstep == 0 ? 0 : 1]++;
   const mjModel* m = entry->model;
-  int64_t width = 0;
-  for (int i = 0; i < kNumState; ++i) width += StateSize(m, i);
+  int64_t width = StateWidth(m);
   int64_t n = state.element_count() / width;
   if (n * width != static_cast<int64_t>(state.element_count())) {
     return ffi::Error::InvalidArgument("ksim: the state rows have the wrong width");
   }
-  std::vector<std::string_view> outputs = Split(outputs_attr);
-  int64_t out_width = static_cast<int64_t>(out->element_count()) / std::max<int64_t>(n, 1);
   if (n == 0) return ffi::Error::Success();
+  int64_t out_width = static_cast<int64_t>(out->element_count()) / n;
   CallFields fields;
   if (ffi::Error error = fields.Read(m, fields_attr, field_args, n); error.failure()) return error;
-
-  std::string message;
-  std::unique_ptr<Sims> sims = TakeSims(entry, static_cast<int>(n), static_cast<int>(nthread), &message);
-  if (sims == nullptr) return ffi::Error::Internal("ksim: mjb_makeBatch: " + message);
-  mjBatch* b = sims->batch;
-  const float* in = state.typed_data();
-  double* rows = mjb_state(b);
-  int64_t nstate = mjb_nstate(b);
-  int64_t packed = 0;
-  for (int f = 0; f < kNumState; ++f) {
-    const double* first = mjb_stateComponent(b, kState[f].component, nullptr);
-    int64_t offset = first - rows, size = StateSize(m, f);
-    for (int64_t env = 0; env < n; ++env) {
-      double* dst = rows + env * nstate + offset;
-      const float* src = in + env * width + packed;
-      for (int64_t k = 0; k < size; ++k) dst[k] = static_cast<double>(src[k]);
-    }
-    packed += size;
-  }
-  if (ffi::Error error = WriteFields(m, sims.get(), fields, n); error.failure()) {
-    GiveSims(entry, std::move(sims));
-    return error;
-  }
+  Call call{entry, nullptr};
+  if (ffi::Error error = Load(&call, state.typed_data(), n, nthread, fields); error.failure()) return error;
+  std::vector<std::string_view> outputs = Split(outputs_attr);
   std::vector<Source> sources(outputs.size());
   int64_t total = 0;
   for (size_t i = 0; i < outputs.size(); ++i) {
-    if (ffi::Error error = OutputSource(m, sims.get(), outputs[i], &sources[i]); error.failure()) {
-      GiveSims(entry, std::move(sims));
-      return error;
-    }
+    if (ffi::Error error = OutputSource(m, call.sims.get(), outputs[i], &sources[i]); error.failure()) return error;
     total += sources[i].size;
   }
-  if (total != out_width) {
-    GiveSims(entry, std::move(sims));
-    return ffi::Error::InvalidArgument("ksim: the output rows have the wrong width");
-  }
+  if (total != out_width) return ffi::Error::InvalidArgument("ksim: the output rows have the wrong width");
 
-  std::vector<int> ids;
-  if (n != sims->nsim) {
-    ids.resize(n);
-    std::iota(ids.begin(), ids.end(), 0);
-  }
+  mjBatch* b = call.sims->batch;
+  std::vector<int> ids = Ids(*call.sims, n);
   const int* id_ptr = ids.empty() ? nullptr : ids.data();
   int failed = nstep == 0 ? mjb_forward(b, id_ptr, static_cast<int>(n), static_cast<int>(stage))
                           : mjb_step(b, id_ptr, static_cast<int>(n), static_cast<int>(nstep), static_cast<int>(stage));
@@ -475,7 +456,6 @@ ffi::Error StepImpl(ffi::Buffer<ffi::F32> state, ffi::RemainingArgs field_args, 
       if (status[env] != 0) std::fill_n(dst + env * out_width, out_width, std::numeric_limits<float>::quiet_NaN());
     }
   }
-  GiveSims(entry, std::move(sims));
   return ffi::Error::Success();
 }
 
@@ -509,81 +489,75 @@ double NumpyRowSum(const double* a, int n) {
   return 0.0 + res;  // the reduction's identity, which the result is added to
 }
 
-// Each env's contacts: mj_forward of its state in a model and data of the engine's own, then the deepest `rows`
-// contacts (ties in the list's order) and their normal forces as mj_contactForce gives them
-// (NativeEngine._contacts_host).
+// What mjb_apply hands each simulation of a contacts call, and where it leaves the kept contacts of each env.
+struct ContactsArg {
+  int64_t rows;
+  bool pyramidal;
+  std::vector<std::vector<Kept>>* kept;  // per env
+};
+
+// One simulation's contacts: mj_forward of its state (loaded by mjb_apply from its row, in its model with its
+// expanded fields), then its deepest `rows` contacts, ties in the list's order.
+void CollectContacts(const mjModel* m, mjData* d, int sim, void* raw) {
+  const auto* arg = static_cast<const ContactsArg*>(raw);
+  mj_forward(m, d);
+  int ncon = d->ncon;
+  std::vector<int> order(ncon);
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [d](int a, int b) {
+    double x = d->contact[a].dist, y = d->contact[b].dist;
+    return x < y || (!std::isnan(x) && std::isnan(y));  // NumPy sorts NaN last
+  });
+  std::vector<Kept>& kept = (*arg->kept)[sim];
+  kept.clear();
+  for (int64_t rank = 0; rank < std::min<int64_t>(arg->rows, ncon); ++rank) {
+    const mjContact& contact = d->contact[order[rank]];
+    Kept k{sim, rank, contact.geom[0], contact.geom[1], contact.dist, {}, 1, {}};
+    std::copy_n(contact.pos, 3, k.pos);
+    if (arg->pyramidal) k.facets = contact.dim == 1 ? 1 : 2 * (contact.dim - 1);
+    for (int f = 0; f < k.facets && f < 10; ++f) {
+      k.efc[f] = contact.efc_address >= 0 ? d->efc_force[contact.efc_address + f] : 0.0;
+    }
+    kept.push_back(k);
+  }
+}
+
+// Each env's contacts: its state and fields written into a pooled batch as for a step, mj_forward of each
+// simulation on the batch's threads, the deepest `rows` contacts of each and their normal forces as
+// mj_contactForce gives them (NativeEngine._contacts_host, which runs the same mj_forward env by env in a model
+// and data of its own). A simulation MuJoCo refuses to run fails the call, as the callback raises.
 ffi::Error ContactsImpl(ffi::Buffer<ffi::F32> state, ffi::RemainingArgs field_args,
                         ffi::ResultBuffer<ffi::S32> geom1, ffi::ResultBuffer<ffi::S32> geom2,
                         ffi::ResultBuffer<ffi::F32> dist, ffi::ResultBuffer<ffi::F32> pos,
-                        ffi::ResultBuffer<ffi::F32> normal_force, std::string_view model, std::string_view fields_attr) {
+                        ffi::ResultBuffer<ffi::F32> normal_force, std::string_view model, std::string_view fields_attr,
+                        int64_t nthread) {
   Entry* entry = Find(model);
   if (entry == nullptr) return ffi::Error::InvalidArgument("ksim: model not registered");
   Timed timed{entry};
   entry->calls[2]++;
-  const mjModel* base = entry->model;
-  int64_t width = 0;
-  for (int i = 0; i < kNumState; ++i) width += StateSize(base, i);
+  const mjModel* m = entry->model;
+  int64_t width = StateWidth(m);
   int64_t n = state.element_count() / width;
+  if (n * width != static_cast<int64_t>(state.element_count())) {
+    return ffi::Error::InvalidArgument("ksim: the state rows have the wrong width");
+  }
   if (n == 0) return ffi::Error::Success();
   int64_t rows = static_cast<int64_t>(dist->element_count()) / n;
   CallFields fields;
-  if (ffi::Error error = fields.Read(base, fields_attr, field_args, n); error.failure()) return error;
-
-  std::unique_ptr<Scratch> scratch = TakeScratch(entry);
-  mjModel* m = scratch->model;
-  mjData* d = scratch->data;
-  for (auto it = scratch->written.begin(); it != scratch->written.end();) {  // native._Scratch.restore_except
-    if (std::find(fields.names.begin(), fields.names.end(), *it) != fields.names.end()) {
-      ++it;
-      continue;
-    }
-    FieldRef own, original;
-    ModelField(m, *it, &own);
-    ModelField(base, *it, &original);
-    std::memcpy(own.data, original.data, own.count * KindSize(own.kind));
-    it = scratch->written.erase(it);
+  if (ffi::Error error = fields.Read(m, fields_attr, field_args, n); error.failure()) return error;
+  Call call{entry, nullptr};
+  if (ffi::Error error = Load(&call, state.typed_data(), n, nthread, fields); error.failure()) return error;
+  std::vector<std::vector<Kept>> kept(call.sims->nsim);
+  ContactsArg arg{rows, m->opt.cone == mjCONE_PYRAMIDAL, &kept};
+  std::vector<int> ids = Ids(*call.sims, n);
+  int failed = mjb_apply(call.sims->batch, ids.empty() ? nullptr : ids.data(), static_cast<int>(n), CollectContacts,
+                         &arg, /*save=*/0);
+  if (failed > 0) {
+    const int* status = mjb_status(call.sims->batch);
+    int64_t env = std::find_if(status, status + n, [](int s) { return s != 0; }) - status;
+    return ffi::Error::Internal("ksim: MuJoCo raised in the contacts of env " + std::to_string(env) + ": " +
+                                mjb_error(call.sims->batch, static_cast<int>(env)));
   }
-  std::vector<FieldRef> targets(fields.names.size());
-  for (size_t i = 0; i < fields.names.size(); ++i) {
-    ModelField(m, fields.names[i], &targets[i]);
-    scratch->written.insert(fields.names[i]);
-  }
-
-  bool pyramidal = m->opt.cone == mjCONE_PYRAMIDAL;
-  std::vector<double> row(mj_stateSize(m, kStateSpec));
-  std::vector<int64_t> offsets(kNumState);
-  for (int f = 1; f < kNumState; ++f) offsets[f] = offsets[f - 1] + StateSize(m, f - 1);
-  const float* in = state.typed_data();
-  std::vector<Kept> kept;
-  std::vector<int> order;
-  for (int64_t env = 0; env < n; ++env) {
-    for (size_t i = 0; i < fields.names.size(); ++i) fields.Write(i, env, targets[i].data, targets[i].kind);
-    int64_t at = 0;
-    for (int f : kSpecOrder) {
-      const float* src = in + env * width + offsets[f];
-      for (int64_t k = 0; k < StateSize(m, f); ++k) row[at++] = static_cast<double>(src[k]);
-    }
-    mj_setState(m, d, row.data(), kStateSpec);
-    mj_forward(m, d);
-    int ncon = d->ncon;
-    order.resize(ncon);
-    std::iota(order.begin(), order.end(), 0);
-    std::stable_sort(order.begin(), order.end(), [d](int a, int b) {
-      double x = d->contact[a].dist, y = d->contact[b].dist;
-      return x < y || (!std::isnan(x) && std::isnan(y));  // NumPy sorts NaN last
-    });
-    for (int64_t rank = 0; rank < std::min<int64_t>(rows, ncon); ++rank) {
-      const mjContact& contact = d->contact[order[rank]];
-      Kept k{env, rank, contact.geom[0], contact.geom[1], contact.dist, {}, 1, {}};
-      std::copy_n(contact.pos, 3, k.pos);
-      if (pyramidal) k.facets = contact.dim == 1 ? 1 : 2 * (contact.dim - 1);
-      for (int f = 0; f < k.facets && f < 10; ++f) {
-        k.efc[f] = contact.efc_address >= 0 ? d->efc_force[contact.efc_address + f] : 0.0;
-      }
-      kept.push_back(k);
-    }
-  }
-  GiveScratch(entry, std::move(scratch));
 
   int32_t* g1 = geom1->typed_data();
   int32_t* g2 = geom2->typed_data();
@@ -596,14 +570,18 @@ ffi::Error ContactsImpl(ffi::Buffer<ffi::F32> state, ffi::RemainingArgs field_ar
   std::fill_n(pp, n * rows * 3, 0.0f);
   std::fill_n(ff, n * rows, 0.0f);
   int facets = 1;  // the callback sums as many columns as the most facets of any contact kept
-  for (const Kept& k : kept) facets = std::max(facets, k.facets);
-  for (const Kept& k : kept) {
-    int64_t at = k.env * rows + k.rank;
-    g1[at] = k.geom1;
-    g2[at] = k.geom2;
-    dd[at] = static_cast<float>(k.dist);
-    for (int c = 0; c < 3; ++c) pp[3 * at + c] = static_cast<float>(k.pos[c]);
-    ff[at] = static_cast<float>(NumpyRowSum(k.efc, facets));
+  for (int64_t env = 0; env < n; ++env) {
+    for (const Kept& k : kept[env]) facets = std::max(facets, k.facets);
+  }
+  for (int64_t env = 0; env < n; ++env) {
+    for (const Kept& k : kept[env]) {
+      int64_t at = k.env * rows + k.rank;
+      g1[at] = k.geom1;
+      g2[at] = k.geom2;
+      dd[at] = static_cast<float>(k.dist);
+      for (int c = 0; c < 3; ++c) pp[3 * at + c] = static_cast<float>(k.pos[c]);
+      ff[at] = static_cast<float>(NumpyRowSum(k.efc, facets));
+    }
   }
   return ffi::Error::Success();
 }
@@ -632,7 +610,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(KsimNativeContacts, ContactsImpl,
                                   .Ret<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>()
                                   .Attr<std::string_view>("model")
-                                  .Attr<std::string_view>("fields"));
+                                  .Attr<std::string_view>("fields")
+                                  .Attr<int64_t>("nthread"));
 
 // ----- plain C functions for the loader (ctypes) -----------------------------------------------------------------
 
