@@ -42,9 +42,9 @@ import mujoco.batch
 import numpy as np
 from flax import struct
 
+import ksim.physics.native_ffi as native_ffi
 from ksim.config import ConfigError
 from ksim.engine import Contacts, PhysicsEngine
-from ksim.physics import native_ffi
 
 Array = jax.Array
 
