@@ -5,7 +5,8 @@
    the train step's compile line, per path (the callbacks through KSIM_NATIVE_FFI=0).
 2. Training env-steps/s of the example's config (1 device, no compilation cache), one task per path in this
    process, train steps alternating between the paths (medians), with the time the physics' host work took
-   inside them.
+   inside them; and the physics alone (benchmarks.native_vs_mjx's: the envs stepped from the default pose with
+   random actions through the task's actuators).
 
     .venv/bin/python -m benchmarks.ffi_startup [--tasks cartpole hopper] [--train hopper] [--repeats 7]
 """
@@ -64,8 +65,18 @@ class Trainer:
 
     task: Any
     state: Any
+    physics_program: Any
+    data: Any
     seconds: list[float] = dataclasses.field(default_factory=list)
     physics: list[float] = dataclasses.field(default_factory=list)
+    alone: list[float] = dataclasses.field(default_factory=list)
+
+    def physics_alone(self, index: int) -> None:
+        import jax
+
+        start = time.perf_counter()
+        self.data = jax.block_until_ready(self.physics_program(self.data, jax.random.PRNGKey(index)))
+        self.alone.append(time.perf_counter() - start)
 
     def train_step(self) -> None:
         import jax
@@ -83,7 +94,7 @@ def trainer(name: str, path: str) -> Trainer:
     """The example's task on one path, its first train step run (compiled without the cache)."""
     import jax
 
-    from benchmarks.native_vs_mjx import example
+    from benchmarks.native_vs_mjx import example, physics_program, start_data
 
     task_class, config = example(name)
     overrides: dict[str, Any] = {"physics_impl": "mujoco", "compilation_cache_dir": ""}
@@ -101,7 +112,9 @@ def trainer(name: str, path: str) -> Trainer:
     assert task.engine.use_ffi == (path == "ffi"), f"the {path} path was not built"
     state, metrics = task.train_step(task.init_train_state())
     jax.block_until_ready(metrics)
-    return Trainer(task, state)
+    program = physics_program(task)
+    data = jax.block_until_ready(program(start_data(task), jax.random.PRNGKey(0)))
+    return Trainer(task, state, program, data)
 
 
 def training(name: str, repeats: int) -> None:
@@ -110,17 +123,19 @@ def training(name: str, repeats: int) -> None:
     for index in range(repeats):
         for path in PATHS if index % 2 == 0 else PATHS[::-1]:
             trainers[path].train_step()
+            trainers[path].physics_alone(index + 1)
     task = trainers["ffi"].task
     env_steps = task.config.num_envs * task.config.rollout_length_frames
     print(f"\n{name} training, {task.config.num_envs} envs x {task.config.rollout_length_frames} steps, 1 device")
-    print("| path | train step (ms) | train env-steps/s | physics host work in it (ms) |")
-    print("|---|---:|---:|---:|")
-    rates = {}
+    print("| path | train step (ms) | train env-steps/s | physics host work in it (ms) | physics alone env-steps/s |")
+    print("|---|---:|---:|---:|---:|")
+    rates, alone = {}, {}
     for path, runner in trainers.items():
         step, physics = statistics.median(runner.seconds), statistics.median(runner.physics)
-        rates[path] = env_steps / step
-        print(f"| {path} | {1e3 * step:.1f} | {rates[path]:,.0f} | {1e3 * physics:.1f} |")
-    print(f"ffi / callback, train env-steps/s: {rates['ffi'] / rates['callback']:.2f}x")
+        rates[path], alone[path] = env_steps / step, env_steps / statistics.median(runner.alone)
+        print(f"| {path} | {1e3 * step:.1f} | {rates[path]:,.0f} | {1e3 * physics:.1f} | {alone[path]:,.0f} |")
+    print(f"ffi / callback, train env-steps/s: {rates['ffi'] / rates['callback']:.2f}x", end="")
+    print(f", physics alone: {alone['ffi'] / alone['callback']:.2f}x")
 
 
 def main() -> None:
