@@ -358,6 +358,8 @@ class NativeEngine(PhysicsEngine):
             raise ConfigError(f"physics_impl='mujoco' cannot randomize the model fields {', '.join(unknown)}")
         offsets = self._offsets(outputs)
         if self.use_ffi:
+            if any("." in name for name in names):  # MjOption's fields: not in native_ffi.cc's table of arrays
+                raise ConfigError("physics_impl='mujoco' through FFI randomizes MjModel array fields only")
             packed = self._ffi_step(nstep, final, data, names, offsets)
             return {name: packed[a:b].reshape(self._shapes[name]) for name, a, b in offsets}
         packed = jax.pure_callback(
