@@ -7,6 +7,7 @@ BIN := $(VENV)/bin
 JAX ?= cpu
 # One stamp per choice, so switching JAX re-runs pip.
 STAMP := $(VENV)/.installed-$(JAX)
+FFI_LIB := ksim/physics/ffi/_native_ffi.so
 
 ifeq ($(JAX),cpu)
 PIP_TARGET := '.[dev]' -c constraints-cpu.txt
@@ -18,7 +19,13 @@ endif
 
 .PHONY: install test test-warp lint format train-cartpole bench-brax clean
 
-install: $(STAMP)
+install: $(STAMP) $(FFI_LIB)
+
+# The native engine's XLA FFI extension (ksim/physics/build_ffi.py), rebuilt when its source or the install
+# changes. A failed build does not fail the install: physics_impl='mujoco' then says why in one line at start
+# and steps through Python callbacks.
+$(FFI_LIB): $(STAMP) ksim/physics/ffi/native_ffi.cc ksim/physics/build_ffi.py
+	$(BIN)/python -m ksim.physics.build_ffi
 
 # Re-installs only when the dependencies or the JAX choice change, so a second `make install` is quick.
 $(STAMP): pyproject.toml constraints-cpu.txt

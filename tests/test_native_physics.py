@@ -4,6 +4,7 @@ push, a randomized field), its contacts against `mj_contactForce`, a train step 
 MJX refuses, and the refusals."""
 
 import copy
+import dataclasses
 from types import SimpleNamespace
 
 import jax
@@ -17,11 +18,24 @@ from test_mjx_contract import NUM_ENVS, SUBSTEPS, contract_model, engine_run
 from examples.cartpole import CartpoleTask
 from ksim.config import ConfigError
 from ksim.engine import load_mujoco_model
-from ksim.physics import create_engine
+from ksim.physics import create_engine, native_ffi
 from ksim.physics.native import STATE, NativeData, NativeEngine, reads_state
 from ksim.task.checkpointing import physics_impl_note
 
 MASS_SCALES = np.array([0.7, 1.4])
+FFI_REASON = native_ffi.load()
+# The engine's two paths for its host work: XLA FFI calls into the C++ extension, and Python host callbacks.
+PATHS = [
+    pytest.param(True, id="ffi", marks=pytest.mark.skipif(isinstance(FFI_REASON, str), reason=str(FFI_REASON))),
+    pytest.param(False, id="callback"),
+]
+
+
+def native_engine(mj_model: mujoco.MjModel, ctrl_dt: float, dt: float, use_ffi: bool) -> NativeEngine:
+    """The native engine of the model on one path (FFI calls or Python callbacks)."""
+    engine = create_engine(mj_model, ctrl_dt, dt, physics_impl="mujoco")
+    assert isinstance(engine, NativeEngine)
+    return dataclasses.replace(engine, use_ffi=use_ffi)
 
 
 def starts(mj_model: mujoco.MjModel) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -41,10 +55,10 @@ def law(qpos: np.ndarray, qvel: np.ndarray, xp: object = np) -> np.ndarray:
     return xp.concatenate([xp.clip(-2.0 * qpos[7:], -1.0, 1.0), -qvel[6:7]])  # type: ignore[attr-defined, no-any-return]
 
 
-@pytest.fixture(scope="module")
-def native_steps() -> tuple[mujoco.MjModel, NativeData]:
-    """Three control steps of each env (a push before the first) on the native engine."""
-    engine = create_engine(contract_model("Euler"), SUBSTEPS * 0.005, 0.005, physics_impl="mujoco")
+@pytest.fixture(scope="module", params=PATHS)
+def native_steps(request: pytest.FixtureRequest) -> tuple[mujoco.MjModel, NativeData, bool]:
+    """Three control steps of each env (a push before the first) on the native engine, on each path."""
+    engine = native_engine(contract_model("Euler"), SUBSTEPS * 0.005, 0.005, request.param)
     qpos, qvel, mass, push = starts(engine.mj_model)
 
     def one(qpos: jax.Array, qvel: jax.Array, mass: jax.Array) -> NativeData:
@@ -56,7 +70,7 @@ def native_steps() -> tuple[mujoco.MjModel, NativeData]:
             data = engine.step(data, lambda d: law(d.qpos, d.qvel, jnp), fields)[0]
         return data
 
-    return engine.mj_model, jax.jit(jax.vmap(one))(qpos, qvel, mass)
+    return engine.mj_model, jax.jit(jax.vmap(one))(qpos, qvel, mass), request.param
 
 
 def descends(model: mujoco.MjModel, body: int, ancestor: int) -> bool:
@@ -87,8 +101,8 @@ def reference(mj_model: mujoco.MjModel, env: int) -> mujoco.MjData:
     return data
 
 
-def test_the_control_step_is_mujocos_own_step_loop(native_steps: tuple[mujoco.MjModel, NativeData]) -> None:
-    mj_model, native = native_steps
+def test_the_control_step_is_mujocos_own_step_loop(native_steps: tuple[mujoco.MjModel, NativeData, bool]) -> None:
+    mj_model, native, _ = native_steps
     for env in range(NUM_ENVS):
         expected = reference(mj_model, env)
         for name in (*STATE, "xpos", "xquat", "cvel", "subtree_com", "sensordata"):
@@ -100,9 +114,9 @@ def test_the_control_step_is_mujocos_own_step_loop(native_steps: tuple[mujoco.Mj
     assert np.any(native.act != 0)  # the filter and the integrated-velocity servo have activations
 
 
-def test_contacts_are_those_mj_contact_force_reports(native_steps: tuple[mujoco.MjModel, NativeData]) -> None:
-    mj_model, native = native_steps
-    engine = create_engine(mj_model, SUBSTEPS * 0.005, 0.005, physics_impl="mujoco")
+def test_contacts_are_those_mj_contact_force_reports(native_steps: tuple[mujoco.MjModel, NativeData, bool]) -> None:
+    mj_model, native, use_ffi = native_steps
+    engine = native_engine(mj_model, SUBSTEPS * 0.005, 0.005, use_ffi)
     table = jax.jit(jax.vmap(engine.contacts))(native)
     for env in range(NUM_ENVS):
         expected = reference(mj_model, env)
@@ -186,11 +200,12 @@ def test_physics_impl_mujoco_on_a_gpu_is_refused(monkeypatch: pytest.MonkeyPatch
         create_engine(contract_model("Euler"), 0.02, 0.005, physics_impl="mujoco")
 
 
-def test_a_control_that_reads_no_state_steps_all_substeps_in_one_call() -> None:
+@pytest.mark.parametrize("use_ffi", PATHS)
+def test_a_control_that_reads_no_state_steps_all_substeps_in_one_call(use_ffi: bool) -> None:
     """Torques (or the model's servos) stay the same over a control step: MuJoCo steps its substeps at once,
     from the state as JAX holds it, like `mj_step` with that control."""
     mj_model = load_mujoco_model("hopper.xml")
-    engine = create_engine(mj_model, 0.02, 0.005, physics_impl="mujoco")
+    engine = native_engine(mj_model, 0.02, 0.005, use_ffi)
     torque = jnp.linspace(-1.0, 1.0, engine.action_dim)
     probe = engine.make_data(jnp.asarray(engine.default_qpos), jnp.zeros(mj_model.nv))
     assert not reads_state(lambda _: torque, probe)
@@ -210,10 +225,11 @@ def test_a_control_that_reads_no_state_steps_all_substeps_in_one_call() -> None:
         np.testing.assert_array_equal(getattr(data, name), np.float32(getattr(expected, name)), err_msg=name)
 
 
-def test_the_host_clock_counts_the_steps_and_contacts_callbacks() -> None:
-    """`host_clock` (what benchmarks split a train step by) grows with each kind of host callback a program runs."""
+@pytest.mark.parametrize("use_ffi", PATHS)
+def test_the_host_clock_counts_the_steps_and_contacts_callbacks(use_ffi: bool) -> None:
+    """`host_clock` (what benchmarks split a train step by) grows with each kind of host call a program runs."""
     mj_model = load_mujoco_model("hopper.xml")
-    engine = create_engine(mj_model, 0.02, 0.005, physics_impl="mujoco")
+    engine = native_engine(mj_model, 0.02, 0.005, use_ffi)
     data = engine.make_data(jnp.asarray(engine.default_qpos), jnp.zeros(mj_model.nv))
     torque = jnp.zeros(engine.action_dim)
     for program in (lambda d: engine.step(d, lambda _: torque)[0].qpos, lambda d: engine.contacts(d).dist):
@@ -222,7 +238,8 @@ def test_the_host_clock_counts_the_steps_and_contacts_callbacks() -> None:
         assert engine.host_clock.seconds > before
 
 
-def test_a_refill_computes_every_used_start_in_one_call(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("use_ffi", PATHS)
+def test_a_refill_computes_every_used_start_in_one_call(use_ffi: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     """A native refill costs mostly its fixed part (the program around the callback, the crossing), so one call
     computes every used start (MJX's refills take an eighth of the envs at a time), each the start that its env
     and episode always get."""
@@ -234,10 +251,19 @@ def test_a_refill_computes_every_used_start_in_one_call(monkeypatch: pytest.Monk
         return host(self, nstep, *args)  # type: ignore[arg-type]
 
     monkeypatch.setattr(NativeEngine, "_host", counted)
+    if not use_ffi:
+        monkeypatch.setenv(native_ffi.OFF_VARIABLE, "0")
     task = CartpoleTask(cartpole_config(physics_impl="mujoco"))
-    env = task.init_train_state().env
+    assert isinstance(task.engine, NativeEngine) and task.engine.use_ffi == use_ffi
+    env = jax.block_until_ready(task.init_train_state().env)  # its calls are counted before the refill's
     assert not np.any(np.asarray(env.next_start_ready))
-    filled = jax.jit(task.env_pool.refill_next_starts)(env)
+    if use_ffi:
+        library, key = task.engine._ffi
+        before = [library.calls(key, kind) for kind in (native_ffi.FORWARD_CALLS, native_ffi.STEP_CALLS)]
+    filled = jax.block_until_ready(jax.jit(task.env_pool.refill_next_starts)(env))
+    if use_ffi:
+        after = [library.calls(key, kind) for kind in (native_ffi.FORWARD_CALLS, native_ffi.STEP_CALLS)]
+        calls = [0] * (after[0] - before[0]) + [1] * (after[1] - before[1])
     assert calls == [0]  # one forward call for all the envs
     keys = jax.vmap(jax.random.fold_in)(env.reset_key, env.episodes_started)
     expected = jax.vmap(task.environment.start_episode)(keys)

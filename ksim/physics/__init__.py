@@ -3,7 +3,8 @@
 
 - "jax": MJX's JAX implementation, its stages in ksim's order (ksim.physics.mjx_jax);
 - "warp": MJX's Warp implementation, on a CUDA GPU or the CPU (ksim.physics.mjx_warp);
-- "mujoco": C MuJoCo on the CPU through `mujoco.batch`, stepped from host callbacks (ksim.physics.native).
+- "mujoco": C MuJoCo's batch API on the CPU, stepped through XLA FFI calls in C++ (ksim.physics.native,
+  ksim.physics.native_ffi), or Python host callbacks where that extension is not built.
 """
 
 from __future__ import annotations

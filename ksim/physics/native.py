@@ -5,6 +5,11 @@ batch of simulations (float64, MuJoCo's precision), steps them on the batch's C 
 and the contract's derived fields back. A batch holds no state between calls, so resets, pooled starts,
 checkpoints and pmap sharding work on the pytree as with MJX, and a call's result depends on its inputs only.
 
+Where the XLA FFI extension is built (ksim/physics/ffi/native_ffi.cc, `make install`; ksim.physics.native_ffi
+loads it), the same host work runs as FFI custom calls in C++ (`use_ffi`): the programs then hold no Python
+callback, so they reach JAX's persistent compilation cache, and no step crosses into Python. Both paths give the
+same bits; where the extension is missing or stale, the engine says why in one line and uses the callbacks.
+
 Under `jax.vmap` a callback receives every env of the call at once (`vmap_method="broadcast_all"`); under
 pmap each device's shard calls from its own thread, and takes a batch of its own from a lock-protected pool
 (a batch must not be called from two threads at once).
@@ -37,6 +42,7 @@ import mujoco.batch
 import numpy as np
 from flax import struct
 
+import ksim.physics.native_ffi as native_ffi
 from ksim.config import ConfigError
 from ksim.engine import Contacts, PhysicsEngine
 
@@ -165,6 +171,18 @@ class _Scratch:
         self.written = set(names)
 
 
+class FfiClock:
+    """Seconds spent in the FFI handlers of one model (every engine of that model in the process, summed over
+    concurrent callers): `HostClock`'s figure for the FFI path."""
+
+    def __init__(self, library: native_ffi.FfiLibrary, key: str) -> None:
+        self._library, self._key = library, key
+
+    @property
+    def seconds(self) -> float:
+        return self._library.host_seconds(self._key)
+
+
 class HostClock:
     """Seconds spent in the engine's host callbacks, summed over callers (pmap's shards overlap in time)."""
 
@@ -228,6 +246,7 @@ class NativeEngine(PhysicsEngine):
 
     contact_rows: int = DEFAULT_CONTACT_ROWS
     nthread: int = 1
+    use_ffi: bool = False  # the host work as XLA FFI calls into the C++ extension, not Python callbacks
     physics_impl = "mujoco"
     # A refill's cost is mostly its fixed part (the JAX program around the callback, the crossing), not the C
     # forward calls, so one refill of every env is cheaper than several chunks.
@@ -246,10 +265,22 @@ class NativeEngine(PhysicsEngine):
         return field_shapes(self.mj_model)
 
     @functools.cached_property
-    def host_clock(self) -> HostClock:
-        """Time in the physics' host callbacks, the C MuJoCo steps and their copies in and out (benchmarks read
-        it to split a train step)."""
+    def host_clock(self) -> HostClock | FfiClock:
+        """Time in the physics' host callbacks (or FFI handlers), the C MuJoCo steps and their copies in and out
+        (benchmarks read it to split a train step)."""
+        return FfiClock(*self._ffi) if self.use_ffi else self._callback_clock
+
+    @functools.cached_property
+    def _callback_clock(self) -> HostClock:
         return HostClock()
+
+    @functools.cached_property
+    def _ffi(self) -> tuple[native_ffi.FfiLibrary, str]:
+        """The extension and this model's key in it (registered on first use, as a batch copies the model then)."""
+        library = native_ffi.load()
+        if isinstance(library, str):
+            raise RuntimeError(f"the native FFI engine cannot run: {library}")
+        return library, library.register_model(self.mj_model)
 
     @property
     def _final_stage(self) -> int:
@@ -291,7 +322,7 @@ class NativeEngine(PhysicsEngine):
         """Writes the envs' packed state and their fields into a batch, runs `nstep` substeps (0: the forward
         stages only), computes the stages at the final state if `final`, and reads the `outputs` fields back into
         their places (`_offsets`) in one float32 row per env (in the callers' leading shape)."""
-        with self.host_clock.timing():
+        with self._callback_clock.timing():
             lead, state, fields = self._host_inputs(names, arrays)
             n = math.prod(lead)
             packed = np.empty((n, outputs[-1][2]), np.float32)
@@ -326,6 +357,11 @@ class NativeEngine(PhysicsEngine):
         if unknown:
             raise ConfigError(f"physics_impl='mujoco' cannot randomize the model fields {', '.join(unknown)}")
         offsets = self._offsets(outputs)
+        if self.use_ffi:
+            if any("." in name for name in names):  # MjOption's fields: not in native_ffi.cc's table of arrays
+                raise ConfigError("physics_impl='mujoco' through FFI randomizes MjModel array fields only")
+            packed = self._ffi_step(nstep, final, data, names, offsets)
+            return {name: packed[a:b].reshape(self._shapes[name]) for name, a, b in offsets}
         packed = jax.pure_callback(
             functools.partial(self._host, nstep, final, names, offsets),
             jax.ShapeDtypeStruct((offsets[-1][2],), jnp.float32),
@@ -334,6 +370,32 @@ class NativeEngine(PhysicsEngine):
             vmap_method="broadcast_all",
         )
         return {name: packed[a:b].reshape(self._shapes[name]) for name, a, b in offsets}
+
+    def _ffi_step(
+        self,
+        nstep: int,
+        final: bool,
+        data: NativeData,
+        names: tuple[str, ...],
+        offsets: tuple[tuple[str, int, int], ...],
+    ) -> Array:
+        """`_host`'s work as one FFI call (KsimNativeStep in native_ffi.cc): the packed outputs of one env."""
+        stage = self._final_stage if final or nstep == 0 else int(mujoco.mjtStage.mjSTAGE_NONE)
+        call = jax.ffi.ffi_call(
+            native_ffi.STEP_TARGET,
+            jax.ShapeDtypeStruct((offsets[-1][2],), jnp.float32),
+            vmap_method="broadcast_all",
+        )
+        return call(
+            self._packed_state(data),
+            *(jnp.asarray(data.fields[name], jnp.float32) for name in names),
+            model=self._ffi[1],
+            fields=",".join(names),
+            outputs=",".join(name for name, _, _ in offsets),
+            nstep=np.int64(nstep),
+            stage=np.int64(stage),
+            nthread=np.int64(self.nthread),
+        )
 
     # ----- the engine interface ------------------------------------------------------------------------------
 
@@ -384,13 +446,14 @@ class NativeEngine(PhysicsEngine):
             jax.ShapeDtypeStruct((rows, 3), jnp.float32),
             jax.ShapeDtypeStruct((rows,), jnp.float32),
         )
-        table = jax.pure_callback(
-            functools.partial(self._contacts_host, names),
-            shapes,
-            self._packed_state(data),
-            *(jnp.asarray(data.fields[name], jnp.float32) for name in names),
-            vmap_method="broadcast_all",
-        )
+        inputs = (self._packed_state(data), *(jnp.asarray(data.fields[name], jnp.float32) for name in names))
+        if self.use_ffi:
+            call = jax.ffi.ffi_call(native_ffi.CONTACTS_TARGET, shapes, vmap_method="broadcast_all")
+            table = call(*inputs, model=self._ffi[1], fields=",".join(names), nthread=np.int64(self.nthread))
+        else:
+            table = jax.pure_callback(
+                functools.partial(self._contacts_host, names), shapes, *inputs, vmap_method="broadcast_all"
+            )
         return Contacts(*table)
 
     @functools.cached_property
@@ -399,7 +462,7 @@ class NativeEngine(PhysicsEngine):
 
     def _contacts_host(self, names: tuple[str, ...], *arrays: np.ndarray) -> tuple[np.ndarray, ...]:
         """Each env's contacts: `mj_forward` of its state in a model and data of the engine's own."""
-        with self.host_clock.timing():
+        with self._callback_clock.timing():
             lead, state, fields = self._host_inputs(names, arrays)
             with self._scratches.take(functools.partial(_Scratch, self.mj_model)) as scratch:
                 scratch.restore_except(self.mj_model, tuple(fields))
@@ -526,6 +589,7 @@ def create_native(
     default_qpos: np.ndarray,
     contact_rows: int = DEFAULT_CONTACT_ROWS,
 ) -> NativeEngine:
+    """The native engine of the model: FFI calls where the extension loads, else Python callbacks (said once)."""
     device = jax.local_devices()[0]
     if device.platform != "cpu":
         raise ConfigError(
@@ -536,4 +600,10 @@ def create_native(
         probe.forward()
     except (ValueError, mujoco.FatalError, mujoco.batch.SimulationError) as error:
         raise ConfigError(f"MuJoCo cannot run this model: {str(error).splitlines()[0]}") from None
-    return NativeEngine(mj_model, ctrl_dt, dt, default_qpos, layout, contact_rows, default_threads())
+    library = native_ffi.load()
+    if isinstance(library, str):
+        note = native_ffi.fallback_note(library)
+        if note:
+            print(note, flush=True)
+    use_ffi = not isinstance(library, str)
+    return NativeEngine(mj_model, ctrl_dt, dt, default_qpos, layout, contact_rows, default_threads(), use_ffi)
