@@ -68,20 +68,20 @@ class KBotTask(DistributedPPOTask[KBotConfig]):
     def get_rewards(self) -> Sequence[rew.Reward]:
         return [
             rew.LinearVelocityTracking(scale=2.0, sigma=0.25),
-            rew.AngularVelocityTracking(scale=1.0, sigma=0.25),
-            rew.StayAlive(scale=1.0),
+            rew.AngularVelocityTracking(scale=1.5, sigma=0.5),
+            rew.StayAlive(scale=0.5),
             rew.Upright(scale=0.5),
             rew.FootSwingTracking(
-                scale=0.5,
+                scale=1.0,
                 feet=FEET,
                 offsets=(0.0, 0.5),  # the feet take turns
                 period_s=self.config.gait_period_s,
                 ground_height=SOLE_HEIGHT,
             ),
             rew.FeetSlip(scale=-0.1, feet=FEET, contact_height=SOLE_HEIGHT + 0.01),
-            rew.JointPoseDeviation(scale=-0.1, pose="default"),
+            rew.JointPoseDeviation(scale=-0.05, pose="default"),
             rew.BaseRollPitchRatePenalty(scale=-0.05),
-            rew.ActionRatePenalty(scale=-0.01),
+            rew.ActionRatePenalty(scale=-0.005),
         ]
 
     def get_terminations(self) -> Sequence[term.Termination]:
