@@ -18,7 +18,7 @@ any; zero torque for torque control) and `ActuatorCommand.held` says why.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -54,47 +54,92 @@ def rotate_inverse(quat: np.ndarray, vec: np.ndarray) -> np.ndarray:
 
 
 @dataclass(frozen=True)
+class ActuatorArrays:
+    """An `ActuationSpec`'s numbers as float32 arrays, built once per runtime."""
+
+    kind: str
+    action_scale: np.float32
+    gear: np.ndarray
+    ctrl_low: np.ndarray
+    ctrl_high: np.ndarray
+    default_position: np.ndarray | None
+    kp: np.ndarray | None
+    kd: np.ndarray | None
+
+    @classmethod
+    def of(cls, spec: ActuationSpec) -> ActuatorArrays:
+        def floats(values: list[float] | None) -> np.ndarray | None:
+            return None if values is None else np.asarray(values, F32)
+
+        return cls(
+            spec.kind,
+            F32(spec.action_scale),
+            np.asarray(spec.gear, F32),
+            np.asarray(spec.ctrl_low, F32),
+            np.asarray(spec.ctrl_high, F32),
+            floats(spec.default_position),
+            floats(spec.kp),
+            floats(spec.kd),
+        )
+
+
+@dataclass(frozen=True)
 class ActuatorCommand:
     """What the actuators take for one control step.
 
-    kind "pd" and "servo": `targets` (joint positions) with gains `kp`, `kd`; "pd" torques are clipped to
-    [torque_low, torque_high] (`torque(q, qd)` runs the PD law as training did). kind "torque": `torque()`.
-    `ctrl(q, qd)` is MuJoCo's control vector for the same, as the training environment computed it.
+    kind "pd" and "servo": `targets` (joint positions) with gains `kp`, `kd`; `torque(q, qd)` runs the PD law
+    as training did, clipped for "pd" to [torque_low, torque_high] (gear x the motors' control range; a servo
+    applies its own limits). kind "torque": `torque()`, gear x the clipped, scaled action. `ctrl(q, qd)` is
+    MuJoCo's control vector for the same, as the training environment computed it.
     """
 
     kind: str
     action: np.ndarray  # the policy's output (what LastAction shows it next step)
     targets: np.ndarray | None
-    kp: np.ndarray | None
-    kd: np.ndarray | None
-    torque_low: np.ndarray
-    torque_high: np.ndarray
-    actuation: ActuationSpec
+    arrays: ActuatorArrays
     held: str = ""  # why these are the previous targets, not the policy's ("" when they are the policy's)
 
+    @property
+    def kp(self) -> np.ndarray | None:
+        return self.arrays.kp
+
+    @property
+    def kd(self) -> np.ndarray | None:
+        return self.arrays.kd
+
+    @property
+    def torque_low(self) -> np.ndarray:
+        return self.arrays.gear * self.arrays.ctrl_low
+
+    @property
+    def torque_high(self) -> np.ndarray:
+        return self.arrays.gear * self.arrays.ctrl_high
+
     def torque(self, q: np.ndarray | None = None, qd: np.ndarray | None = None) -> np.ndarray:
-        """Joint torques (N m or N): the PD law at joint positions `q` and velocities `qd` ("pd"), or the
+        """Joint torques (N m or N): the PD law at joint positions `q` and velocities `qd` ("pd", "servo"), or the
         policy's torques ("torque")."""
-        spec = self.actuation
         if self.kind == "torque":
-            ctrl = np.clip(self.action * F32(spec.action_scale), self.torque_low, self.torque_high)
-            return ctrl.astype(F32)
-        if self.targets is None or self.kp is None or self.kd is None or q is None or qd is None:
-            raise RuntimeInputError(f"torque() of {self.kind!r} actuation needs the joint positions and velocities")
-        torque = self.kp * (self.targets - np.asarray(q, F32)) - self.kd * np.asarray(qd, F32)
-        return torque.astype(F32)
+            return (self.arrays.gear * self.ctrl()).astype(F32)
+        torque = self._pd_law(q, qd)
+        return torque if self.kind == "servo" else np.clip(torque, self.torque_low, self.torque_high).astype(F32)
 
     def ctrl(self, q: np.ndarray | None = None, qd: np.ndarray | None = None) -> np.ndarray:
         """MuJoCo's `ctrl` for this command (actuator order), clipped to the actuators' control ranges."""
-        spec = self.actuation
-        gear = np.asarray(spec.gear, F32)
-        low, high = np.asarray(spec.ctrl_low, F32), np.asarray(spec.ctrl_high, F32)
+        arrays = self.arrays
         if self.kind == "torque":
-            return np.clip(self.action * F32(spec.action_scale), low, high).astype(F32)
-        if self.kind == "servo":
+            unclipped = self.action * arrays.action_scale
+        elif self.kind == "servo":
             assert self.targets is not None
-            return np.clip(gear * self.targets, low, high).astype(F32)
-        return np.clip(self.torque(q, qd) / gear, low, high).astype(F32)
+            unclipped = arrays.gear * self.targets
+        else:
+            unclipped = self._pd_law(q, qd) / arrays.gear
+        return np.clip(unclipped, arrays.ctrl_low, arrays.ctrl_high).astype(F32)
+
+    def _pd_law(self, q: np.ndarray | None, qd: np.ndarray | None) -> np.ndarray:
+        kp, kd = self.arrays.kp, self.arrays.kd
+        if self.targets is None or kp is None or kd is None or q is None or qd is None:
+            raise RuntimeInputError(f"{self.kind!r} actuation needs the joint positions and velocities")
+        return (kp * (self.targets - np.asarray(q, F32)) - kd * np.asarray(qd, F32)).astype(F32)
 
 
 class PolicyRuntime:
@@ -106,6 +151,7 @@ class PolicyRuntime:
         self.readings = spec.readings()
         self.inputs = [(item, self._compute(item)) for item in spec.inputs]
         self.actuation = require_actuation(spec)
+        self.arrays = ActuatorArrays.of(self.actuation)
         self.output_names = [spec.output_name, *(item.output_name for item in spec.memory)]
         self.reset()
 
@@ -213,36 +259,21 @@ class PolicyRuntime:
         return np.broadcast_to(obs, (1, *shape)).astype(F32)
 
     def _command(self, action: np.ndarray) -> ActuatorCommand:
-        spec = self.actuation
-        gear = np.asarray(spec.gear, F32)
-        low, high = gear * np.asarray(spec.ctrl_low, F32), gear * np.asarray(spec.ctrl_high, F32)
-        if spec.kind == "torque":
-            return ActuatorCommand("torque", action, None, None, None, low, high, spec)
-        assert spec.default_position is not None and spec.kp is not None and spec.kd is not None
-        targets = (np.asarray(spec.default_position, F32) + F32(spec.action_scale) * action).astype(F32)
-        kp, kd = np.asarray(spec.kp, F32), np.asarray(spec.kd, F32)
-        return ActuatorCommand(spec.kind, action, targets, kp, kd, low, high, spec)
+        arrays = self.arrays
+        if arrays.default_position is None:
+            return ActuatorCommand(arrays.kind, action, None, arrays)
+        targets = (arrays.default_position + arrays.action_scale * action).astype(F32)
+        return ActuatorCommand(arrays.kind, action, targets, arrays)
 
     def _hold(self, why: str) -> ActuatorCommand:
         """The previous command (the default pose before any; zero torque for torque control), saying why."""
-        spec = self.actuation
-        if spec.kind == "torque":
+        if self.arrays.kind == "torque":
             held, what = self._command(np.zeros(self.spec.action_size, F32)), "zero torque"
         elif self.last_command is not None:
             held, what = self.last_command, "the previous targets"
         else:
             held, what = self._command(np.zeros(self.spec.action_size, F32)), "the default pose"
-        return ActuatorCommand(
-            held.kind,
-            held.action,
-            held.targets,
-            held.kp,
-            held.kd,
-            held.torque_low,
-            held.torque_high,
-            spec,
-            held=f"{why}: holding {what}",
-        )
+        return replace(held, held=f"{why}: holding {what}")
 
 
 def require_actuation(spec: PolicySpec) -> ActuationSpec:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -224,8 +225,9 @@ class Sim2Sim:
         self.sampler = CommandSampler(self.spec, settings.command, self.spec.ctrl_dt)
         actuation = self.runtime.actuation
         ids = [mujoco.mj_name2id(self.model, mujoco.mjtObj.mjOBJ_JOINT, name) for name in actuation.joints]
-        self.actuated_qpos = self.model.jnt_qposadr[ids] if actuation.kind == "pd" else None
-        self.actuated_qvel = self.model.jnt_dofadr[ids] if actuation.kind == "pd" else None
+        pd = actuation.kind == "pd"
+        self.actuated_qpos = self.model.jnt_qposadr[ids] if pd else None
+        self.actuated_qvel = self.model.jnt_dofadr[ids] if pd else None
         self.rng = np.random.default_rng(settings.seed)
 
     def run_episode(self, start: Start | None = None) -> RecordedEpisode:
@@ -240,18 +242,18 @@ class Sim2Sim:
             command = command if self.sampler.fixed is not None else np.asarray(start[2], np.float32)
         mujoco.mj_forward(model, data)
         self.runtime.reset()
-        delayed: list[dict[str, np.ndarray]] = []
+        # The policy reads what the sensors said `latency_steps` control steps ago (the oldest kept; at an
+        # episode's start, its first readings).
+        delayed: deque[dict[str, np.ndarray]] = deque(maxlen=settings.latency_steps + 1)
         qpos, qvel, actions, ctrls, commands = [data.qpos.copy()], [data.qvel.copy()], [], [], []
         for _ in range(spec.episode_steps):
-            readings = self._noisy(self.reader.read(model, data, command))
-            delayed.append(readings)
-            readings = delayed.pop(0) if len(delayed) > settings.latency_steps else delayed[0]
-            readings[COMMAND] = command  # the command is not delayed
-            out = self.runtime.step(readings)
-            for _ in range(self.substeps):
-                q = None if self.actuated_qpos is None else data.qpos[self.actuated_qpos]
-                qd = None if self.actuated_qvel is None else data.qvel[self.actuated_qvel]
-                data.ctrl[:] = out.ctrl(q, qd)
+            delayed.append(self._noisy(self.reader.read(model, data, command)))
+            out = self.runtime.step({**delayed[0], COMMAND: command})  # the command is not delayed
+            for substep in range(self.substeps):
+                if self.actuated_qpos is not None and self.actuated_qvel is not None:  # a PD law: fresh state
+                    data.ctrl[:] = out.ctrl(data.qpos[self.actuated_qpos], data.qvel[self.actuated_qvel])
+                elif substep == 0:
+                    data.ctrl[:] = out.ctrl()
                 mujoco.mj_step(model, data)
             mujoco.mj_forward(model, data)  # sensors and contacts of the state the step ends in
             qpos.append(data.qpos.copy())

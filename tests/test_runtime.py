@@ -109,6 +109,9 @@ def test_runtime_matches_training_on_the_same_states(case: str, tmp_path: Path) 
         np.testing.assert_allclose(out.action, recorded["action"][t], rtol=1e-5, atol=2e-5)
         q, qd = recorded["qpos"][t][qpos_index], recorded["qvel"][t][qvel_index]
         np.testing.assert_allclose(out.ctrl(q, qd), recorded["ctrl"][t], rtol=1e-5, atol=1e-4)
+        if out.kind != "servo":  # a motor's torque is gear x ctrl; a servo's is the servo's own
+            gear = np.asarray(runtime.actuation.gear, np.float32)
+            np.testing.assert_allclose(out.torque(q, qd), gear * recorded["ctrl"][t], rtol=1e-5, atol=1e-3)
 
 
 def test_every_observation_component_of_the_examples_is_covered() -> None:
