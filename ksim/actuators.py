@@ -58,6 +58,11 @@ def actuator_kind(mj_model: mujoco.MjModel, actuator: int) -> str:
     return OTHER
 
 
+def actuator_labels(mj_model: mujoco.MjModel) -> list[str]:
+    """Every actuator's name in action order (`actuator_<i>` for an unnamed one)."""
+    return [mujoco.mj_id2name(mj_model, mujoco.mjtObj.mjOBJ_ACTUATOR, i) or f"actuator_{i}" for i in range(mj_model.nu)]
+
+
 def actuator_names(mj_model: mujoco.MjModel, actuators: Sequence[int]) -> str:
     return ", ".join(repr(mujoco.mj_id2name(mj_model, mujoco.mjtObj.mjOBJ_ACTUATOR, i) or f"#{i}") for i in actuators)
 

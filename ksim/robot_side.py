@@ -15,7 +15,7 @@ import mujoco
 import numpy as np
 
 from ksim import observations as obs
-from ksim.actuators import Actuators, PositionActuators, PositionServoActuators, TorqueActuators
+from ksim.actuators import Actuators, PositionActuators, PositionServoActuators, TorqueActuators, actuator_labels
 from ksim.commands import Command, VelocityCommand
 from ksim.config import ConfigError
 from ksim.engine import ModelLayout
@@ -119,13 +119,13 @@ def _gait_phase(o: obs.Observation, size: int) -> PolicyInput:
     return PolicyInput(o.name, size, source=RUNTIME, transform=GAIT_PHASE, period_s=o.period_s)
 
 
-# Per observation class (exactly that class: a subclass may observe otherwise), its description from one reading.
 def _projected_gravity(o: obs.Observation, size: int) -> PolicyInput:
     assert isinstance(o, obs.ProjectedGravity)
     reading = BASE_ORIENTATION if o.sensor is None else SENSOR_PREFIX + o.sensor
     return PolicyInput(o.name, size, reading, 4, ROBOT, transform=PROJECTED_GRAVITY)
 
 
+# Per observation class (exactly that class: a subclass may observe otherwise), its description from one reading.
 DESCRIBE: dict[type, Callable[[obs.Observation, int], PolicyInput]] = {
     obs.ProjectedGravity: _projected_gravity,
     obs.BaseOrientation: _plain(BASE_ORIENTATION),
@@ -142,13 +142,12 @@ DESCRIBE: dict[type, Callable[[obs.Observation, int], PolicyInput]] = {
 
 def describe_inputs(
     observations: Sequence[obs.Observation], names_and_sizes: Sequence[tuple[str, int]], layout: ModelLayout
-) -> tuple[tuple[PolicyInput, ...], tuple[str, ...], tuple[str, ...]]:
+) -> tuple[tuple[PolicyInput, ...], tuple[str, ...], obs.FeetContact | None]:
     """(each observation as a robot computes it, under its name in the observation layout; the encoder joints'
-    names; the feet of foot_contacts)."""
+    names; the FeetContact observation that the foot_contacts reading feeds, if any)."""
     joints = encoder_joints(observations, layout)
     contacts = [o for o in observations if type(o) is obs.FeetContact]
-    feet = contacts[0].feet if contacts else ()
-    if any(o.feet != feet for o in contacts):
+    if any(o.feet != contacts[0].feet for o in contacts):
         raise ConfigError("mode='export': the FeetContact observations name different feet; one foot_contacts reading")
     described = []
     for o, (name, size) in zip(observations, names_and_sizes, strict=True):
@@ -158,14 +157,11 @@ def describe_inputs(
             item = DESCRIBE.get(type(o), simulator_input)(o, size)
         reading = INPUT_PREFIX + name if item.reading.startswith(INPUT_PREFIX) else item.reading
         described.append(dataclasses.replace(item, name=name, reading=reading))
-    return tuple(described), layout.names(joints), tuple(feet)
+    return tuple(described), layout.names(joints), contacts[0] if contacts else None
 
 
 def describe_actuation(mj_model: mujoco.MjModel, actuators: Actuators) -> ActuationSpec:
     """How the task's actuators turn an action into MuJoCo's ctrl (and a robot's targets or torques)."""
-    names = [
-        mujoco.mj_id2name(mj_model, mujoco.mjtObj.mjOBJ_ACTUATOR, i) or f"actuator_{i}" for i in range(mj_model.nu)
-    ]
     joints = [
         (mujoco.mj_id2name(mj_model, mujoco.mjtObj.mjOBJ_JOINT, int(j)) or "")
         if mj_model.actuator_trntype[i] == mujoco.mjtTrn.mjTRN_JOINT
@@ -177,7 +173,7 @@ def describe_actuation(mj_model: mujoco.MjModel, actuators: Actuators) -> Actuat
     gear = mj_model.actuator_gear[:, 0].astype(np.float32)
     spec = ActuationSpec(
         "torque",
-        names,
+        actuator_labels(mj_model),
         joints,
         float(actuators.action_scale),
         _floats(gear),
@@ -207,13 +203,12 @@ def describe_robot(
     start_qpos: np.ndarray,
 ) -> RobotSide:
     """The robot-side description of a task's bound components (what `mode=export` writes into policy.json)."""
-    inputs, joints, feet = describe_inputs(observations, names_and_sizes, layout)
-    contacts = [o for o in observations if type(o) is obs.FeetContact]
-    foot_geoms = contacts[0].foot_geoms if contacts else ()
+    inputs, joints, contact = describe_inputs(observations, names_and_sizes, layout)
+    feet, foot_geoms = (contact.feet, contact.foot_geoms) if contact is not None else ((), ())
     return RobotSide(
         inputs,
         joints,
-        feet,
+        tuple(feet),
         describe_actuation(mj_model, actuators),
         describe_command(command),
         episode_steps,

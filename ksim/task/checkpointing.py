@@ -18,7 +18,7 @@ import numpy as np
 from omegaconf import OmegaConf
 
 from ksim import mjx_contract
-from ksim.actuators import Actuators
+from ksim.actuators import Actuators, actuator_labels
 from ksim.checkpoint import (
     MEMORYLESS,
     METADATA_FORMAT,
@@ -51,11 +51,12 @@ def library_versions() -> dict[str, str]:
 
 def action_layout(mj_model: mujoco.MjModel, actuators: Actuators) -> dict[str, Any]:
     """What the action vector drives: actuator names in order, the actuator type and its action scale."""
-    names = [
-        mujoco.mj_id2name(mj_model, mujoco.mjtObj.mjOBJ_ACTUATOR, i) or f"actuator_{i}" for i in range(mj_model.nu)
-    ]
     scale = getattr(actuators, "action_scale", None)
-    return {"names": names, "type": type(actuators).__name__, "scale": None if scale is None else float(scale)}
+    return {
+        "names": actuator_labels(mj_model),
+        "type": type(actuators).__name__,
+        "scale": None if scale is None else float(scale),
+    }
 
 
 def user_classes(task_type: type) -> list[str]:
