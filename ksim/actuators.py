@@ -16,6 +16,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
@@ -23,7 +24,9 @@ import mujoco
 import numpy as np
 
 from ksim.config import ConfigError
-from ksim.mjx_import import mjx
+
+if TYPE_CHECKING:  # MJX's types only: the native engine runs without importing MJX
+    from mujoco import mjx
 
 Array = jax.Array
 

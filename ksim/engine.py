@@ -21,7 +21,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -30,7 +30,9 @@ import numpy as np
 from flax import struct
 
 from ksim.config import ConfigError
-from ksim.mjx_import import mjx
+
+if TYPE_CHECKING:  # MJX's types only: the native engine runs without importing MJX
+    from mujoco import mjx
 
 Array = jax.Array
 ASSETS_DIR = Path(__file__).parent / "assets"

@@ -9,7 +9,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Self
+from typing import TYPE_CHECKING, Self
 
 import jax
 import jax.numpy as jnp
@@ -19,7 +19,9 @@ from ksim.binding import resolved, with_resolved
 from ksim.commands import require_interval, steps_in
 from ksim.config import ConfigError
 from ksim.engine import ModelLayout
-from ksim.mjx_import import mjx
+
+if TYPE_CHECKING:  # MJX's types only: the native engine runs without importing MJX
+    from mujoco import mjx
 
 Array = jax.Array
 

@@ -67,17 +67,15 @@ def draw_terrain_panel(axis: Any, rows: list[dict[str, float]]) -> None:
 
 def plot_learning_curve(run_dir: str | Path, title: str | None = None) -> Path:
     """Writes `learning_curve.png` in the run folder and returns its path."""
-    import matplotlib
-
-    matplotlib.use("Agg")  # files only: no display needed
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure  # without pyplot: a file needs no backend or display (and loads faster)
 
     run_dir = Path(run_dir)
     rows = read_scalars(run_dir)
     locomotion = any("eval/base_speed_x" in row for row in rows)
     terrain = any("terrain/mean_level" in row for row in rows)
     panels = 2 + locomotion + terrain
-    figure, axes = plt.subplots(1, panels, figsize=(5 * panels, 3.6))
+    figure = Figure(figsize=(5 * panels, 3.6))
+    axes = figure.subplots(1, panels)
     draw_panel(axes[0], rows, "return", "episode return", "training episodes (mean per log line)")
     draw_panel(axes[1], rows, "length", "control steps", "training episodes")
     if locomotion:
@@ -88,7 +86,6 @@ def plot_learning_curve(run_dir: str | Path, title: str | None = None) -> Path:
     figure.tight_layout()
     path = run_dir / PICTURE
     figure.savefig(path, dpi=100)
-    plt.close(figure)
     return path
 
 

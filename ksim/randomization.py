@@ -11,7 +11,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import ClassVar, Self
+from typing import TYPE_CHECKING, ClassVar, Self
 
 import jax
 import numpy as np
@@ -21,7 +21,9 @@ from ksim.actuators import Actuators, PositionActuators, PositionServoActuators
 from ksim.binding import resolved, with_resolved
 from ksim.config import ConfigError
 from ksim.engine import ModelLayout, body_index
-from ksim.mjx_import import mjx
+
+if TYPE_CHECKING:  # MJX's types only: the native engine runs without importing MJX
+    from mujoco import mjx
 
 Array = jax.Array
 

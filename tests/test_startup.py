@@ -117,3 +117,20 @@ def test_compilation_cache_setting(tmp_path: Path) -> None:
         assert re.search(rf"^  {program}: [0-9.]+ s \(cache: 1 hit\(s\), 0 miss\(es\)\)$", second.stdout, re.M)
         assert re.search(rf"^  {program}: [0-9.]+ s \(cache off\)$", off.stdout, re.M)
     assert any(cache.iterdir())
+
+
+def test_a_native_task_runs_without_importing_mjx() -> None:
+    # MJX brings trimesh and SciPy: half a second of every start that C MuJoCo does not need.
+    code = (
+        "import sys, dataclasses\n"
+        "from examples.cartpole import CartpoleTask, DEFAULT_CONFIG\n"
+        "task = CartpoleTask(dataclasses.replace(DEFAULT_CONFIG, num_envs=8, batch_size=4, physics_impl='mujoco'))\n"
+        "task.train_step(task.init_train_state())\n"
+        "print(sorted(name for name in sys.modules if name.startswith('mujoco.mjx')))\n"
+    )
+    env = {**os.environ, "XLA_FLAGS": "", "PJRT_NPROC": ""}
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == "[]"

@@ -7,6 +7,8 @@ a line here, nothing in `ksim.task`.
 
 from __future__ import annotations
 
+import atexit
+import gc
 import sys
 from collections.abc import Sequence
 from typing import Any, Protocol
@@ -46,6 +48,10 @@ def run(task: RLTask[Any]) -> Any:
 def launch(task_class: type[RLTask[Any]], config: RLConfig, argv: Sequence[str] | None = None) -> Any:
     """`python -m examples.x key=value ...`: parse overrides, check them, build the task, run its mode; a bad
     setting is one line on stderr and exit status 2."""
+    # At exit, after the handlers registered before it: the interpreter's final collection over JAX's and
+    # MuJoCo's object graphs takes ~0.4 s and frees nothing the exiting process needs freed.
+    atexit.unregister(gc.freeze)
+    atexit.register(gc.freeze)
     try:
         config = parse_command_line(config, argv)
         check(config)

@@ -15,11 +15,8 @@ import jax
 import mujoco
 import numpy as np
 
-from ksim import mjx_contract
 from ksim.config import ConfigError
 from ksim.engine import ModelLayout, PhysicsEngine
-from ksim.physics.mjx_jax import MjxJaxEngine
-from ksim.physics.mjx_warp import MjxWarpEngine
 from ksim.physics.native import create_native
 
 PHYSICS_IMPLS = ("auto", "jax", "warp", "mujoco")
@@ -59,6 +56,11 @@ def create_engine(
     pose = np.asarray(layout.default_qpos, dtype=mj_model.qpos0.dtype)
     if physics_impl == "mujoco":
         return create_native(mj_model, ctrl_dt, dt, layout, pose)
+    # MJX is imported here, not above: it takes half a second that a native run does not need.
+    from ksim import mjx_contract
+    from ksim.physics.mjx_jax import MjxJaxEngine
+    from ksim.physics.mjx_warp import MjxWarpEngine
+
     mjx_contract.require_impl(physics_impl, device)
     if physics_impl == "jax":
         mjx_contract.require_supported(mj_model)

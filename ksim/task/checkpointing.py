@@ -17,7 +17,6 @@ import mujoco
 import numpy as np
 from omegaconf import OmegaConf
 
-from ksim import mjx_contract
 from ksim.actuators import Actuators, actuator_labels
 from ksim.checkpoint import (
     MEMORYLESS,
@@ -34,18 +33,22 @@ from ksim.task.types import RLConfig, SharedState, TrainState
 Array = jax.Array
 
 
+def installed_version(package: str) -> str:
+    """The installed version of `package`, "unknown" where it is not installed (a source tree on the path)."""
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
 def library_versions() -> dict[str, str]:
     """Versions of ksim and the libraries a checkpoint's numbers depend on."""
-    try:
-        ksim_version = importlib.metadata.version("ksim")
-    except importlib.metadata.PackageNotFoundError:
-        ksim_version = "unknown"
     return {
-        "ksim": ksim_version,
+        "ksim": installed_version("ksim"),
         "jax": jax.__version__,
         "flax": flax.__version__,
         "mujoco": mujoco.__version__,
-        "mujoco-mjx": mjx_contract.mjx_version(),
+        "mujoco-mjx": installed_version("mujoco-mjx"),
     }
 
 

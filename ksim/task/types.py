@@ -10,17 +10,19 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import optax
 import xax
 from flax import struct
 
-from ksim.mjx_import import mjx
 from ksim.normalization import Normalizer
 from ksim.randomization import Randomized
 from ksim.terrain import TerrainCells
+
+if TYPE_CHECKING:  # MJX's types only: the native engine runs without importing MJX
+    from mujoco import mjx
 
 Array = jax.Array
 
