@@ -188,25 +188,27 @@ def feet_points(layout: ModelLayout, feet: tuple[str, ...], setting: str) -> tup
 
 @dataclass(frozen=True)
 class JointPoseDeviation(Reward):
-    """Squared distance of the robot joints from `pose`: one value per robot joint, or "default" for the
-    model's default pose (its first keyframe, or qpos0)."""
+    """Squared distance of the robot joints (or the named ones) from `pose`: one value per such joint, or
+    "default" for the model's default pose (its first keyframe, or qpos0)."""
 
     pose: tuple[float, ...] | str = ()
+    joints: tuple[str, ...] | None = None
+    joint_ids: tuple[int, ...] = resolved()
     target: np.ndarray = resolved()
 
     def bind(self, layout: ModelLayout) -> Self:
+        joints = layout.joints(self.joints, f"{self.name}.joints")
         if isinstance(self.pose, str):
             if self.pose != DEFAULT_POSE:
                 raise ConfigError(f"{self.name}.pose={self.pose!r}: give values or {DEFAULT_POSE!r}")
-            return with_resolved(self, target=layout.default_joint_pos)
-        if len(self.pose) != len(layout.robot_joints):
-            raise ConfigError(
-                f"{self.name}.pose has {len(self.pose)} values; the model has {len(layout.robot_joints)} robot joints"
-            )
-        return with_resolved(self, target=np.asarray(self.pose, np.float32))
+            return with_resolved(self, joint_ids=joints, target=layout.default_pos_of(joints))
+        if len(self.pose) != len(joints):
+            which = "named joints" if self.joints is not None else "robot joints"
+            raise ConfigError(f"{self.name}.pose has {len(self.pose)} values; the model has {len(joints)} {which}")
+        return with_resolved(self, joint_ids=joints, target=np.asarray(self.pose, np.float32))
 
     def value(self, ctx: StepContext) -> Array:
-        return jnp.sum(jnp.square(ctx.joint_pos - jnp.asarray(self.target)))
+        return jnp.sum(jnp.square(ctx.joint_pos_of(self.joint_ids) - jnp.asarray(self.target)))
 
 
 @dataclass(frozen=True)
@@ -248,6 +250,8 @@ class FootSwingTracking(Reward):
     height is `ground_height` + `swing_height` * max(sin(2 pi (t / period_s + offsets[i])), 0):
     it swings in one half of its cycle and stands in the other. Offsets (0, 0.5, 0.5, 0) for feet ordered
     (front right, front left, rear right, rear left) make a trot. Pair it with `GaitPhase` of the same period.
+    With `min_command` > 0, under a command whose norm is below it every foot's target is the ground: told to
+    stand, the robot stands instead of stepping in place (and drifting).
     """
 
     feet: tuple[str, ...] = ()
@@ -256,8 +260,13 @@ class FootSwingTracking(Reward):
     swing_height: float = 0.08
     ground_height: float = 0.02
     sigma: float = 0.05
+    min_command: float = 0.0
     terrain: Terrain | None = None  # heights above its surface (above z = 0 without one)
     points: tuple[Point, ...] = resolved()
+
+    @property
+    def command_size(self) -> int | None:
+        return 1 if self.min_command > 0 else None  # reads the command only to stand under a zero one
 
     def bind(self, layout: ModelLayout) -> Self:
         points = feet_points(layout, self.feet, f"{self.name}.feet")
@@ -269,7 +278,10 @@ class FootSwingTracking(Reward):
 
     def value(self, ctx: StepContext) -> Array:
         phase = 2 * jnp.pi * (ctx.data.time / self.period_s + jnp.asarray(self.offsets))
-        target = self.ground_height + self.swing_height * jnp.maximum(jnp.sin(phase), 0.0)
+        swing = self.swing_height * jnp.maximum(jnp.sin(phase), 0.0)
+        if self.min_command > 0:
+            swing = jnp.where(jnp.linalg.norm(ctx.command) < self.min_command, 0.0, swing)
+        target = self.ground_height + swing
         positions = jnp.stack([ctx.point_pos(point) for point in self.points])
         heights = height_above_ground(self.terrain, positions)
         return jnp.exp(-jnp.sum(jnp.square(heights - target)) / self.sigma**2)

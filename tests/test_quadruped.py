@@ -73,10 +73,26 @@ def test_gait_components_at_the_home_pose() -> None:
     feet = np.asarray([data.xpos[engine.layout.body_names.index(foot), 2] for foot in FEET])
     miss = feet - (0.022 + np.array([0.08, 0.0, 0.0, 0.08]))
     assert float(swing.value(quarter)) == pytest.approx(np.exp(-np.sum(miss**2) / 0.05**2), rel=1e-4)
+    # With min_command, a zero command makes every target the ground; a command above it keeps the swing.
+    standing = rew.FootSwingTracking(
+        scale=1.0, feet=FEET, offsets=(0.0, 0.5, 0.5, 0.0), ground_height=0.022, min_command=0.1
+    ).bind(ctx.layout)
+    assert standing.command_size == 1
+    on_ground = np.exp(-np.sum((feet - 0.022) ** 2) / 0.05**2)
+    assert float(standing.value(quarter.replace(command=jnp.zeros(3)))) == pytest.approx(on_ground, rel=1e-4)
+    walking = quarter.replace(command=jnp.array([0.5, 0.0, 0.0]))
+    assert float(standing.value(walking)) == pytest.approx(float(swing.value(quarter)), rel=1e-5)
     with pytest.raises(ConfigError, match="offsets has 2 values; feet has 4"):
         rew.FootSwingTracking(scale=1.0, feet=FEET, offsets=(0.0, 0.5)).bind(engine.layout)
     with pytest.raises(ConfigError, match="pose has 3 values; the model has 12 robot joints"):
         rew.JointPoseDeviation(scale=1.0, pose=(0.0, 0.0, 0.0)).bind(engine.layout)
+    # Named joints: only theirs count, in the order named.
+    names = tuple(engine.layout.joint_names[j] for j in engine.layout.robot_joints[:2])
+    some = rew.JointPoseDeviation(scale=1.0, pose=(0.3, -0.2), joints=names[::-1]).bind(ctx.layout)
+    expected = (home[8] - 0.3) ** 2 + (home[7] + 0.2) ** 2
+    assert float(some.value(ctx)) == pytest.approx(expected, rel=1e-5)
+    with pytest.raises(ConfigError, match="pose has 1 values; the model has 2 named joints"):
+        rew.JointPoseDeviation(scale=1.0, pose=(0.0,), joints=names).bind(engine.layout)
 
 
 @pytest.mark.slow
