@@ -28,7 +28,7 @@ from ksim.actuators import Actuators, TorqueActuators
 from ksim.commands import Command, VelocityCommand
 from ksim.engine import ModelLayout, StepContext
 from ksim.resets import Reset
-from ksim.task.evaluation import summary_scalars
+from ksim.task.evaluation import mean_drift, summary_scalars
 from ksim.task.ppo import PPOConfig, PPOTask
 
 PUCK_XML = """
@@ -160,3 +160,12 @@ def test_training_logs_the_measures(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert list((tmp_path / "tensorboard").iterdir())  # the same scalars go to TensorBoard
     width, _ = matplotlib.image.imread(tmp_path / "learning_curve.png").shape[1::-1]
     assert width == 1500  # three panels: return, length, and the evaluation's speed and fall rate
+
+
+def test_drift_is_net_displacement_not_sway() -> None:
+    # Per episode, the horizontal velocities of its zero-command steps, summed: swaying +-0.3 m/s along x over
+    # 4 steps goes nowhere; 0.1 m/s along y over 5 steps drifts 0.1 m/s; an episode never told to stand: nan.
+    velocities = [np.array([[0.3, 0.0], [-0.3, 0.0], [0.3, 0.0], [-0.3, 0.0]]), np.tile([0.0, 0.1], (5, 1))]
+    drift = mean_drift(np.stack([v.sum(axis=0) for v in velocities] + [np.zeros(2)]), np.array([4, 5, 0]))
+    np.testing.assert_allclose(drift[:2], [0.0, 0.1], atol=1e-12)
+    assert np.isnan(drift[2])

@@ -3,8 +3,8 @@
 Besides return and length, each episode yields what locomotion is judged by: the base's mean world-x
 velocity, whether a termination (not the time limit) ended it, and with a velocity command the mean
 distance between the heading-frame base velocity and the commanded (forward, lateral) velocity, the mean
-|yaw rate - commanded yaw rate|, and over the steps whose command is zero (stand still) the base's mean
-horizontal speed, its drift.
+|yaw rate - commanded yaw rate|, and over the steps whose command is zero (stand still) how fast the base
+drifts: its net horizontal displacement per second (swaying in place is not drift).
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ class EpisodeStats(struct.PyTreeNode):
     terminated: Array  # ended by a termination rather than by the time limit
     yaw_rate_error_sum: Array  # |world yaw rate - command yaw rate| summed over the steps (0: no command)
     standing_steps: Array  # steps whose command was zero
-    drift_sum: Array  # the base's horizontal speed summed over those steps
+    drift_sum: Array  # (2,) per env: the base's horizontal velocity summed over those steps
 
 
 class EvalResult(NamedTuple):
@@ -56,7 +56,7 @@ class EvalResult(NamedTuple):
     qpos: np.ndarray
     terrain_level: int | None = None  # the terrain level the episodes ran on; None without a terrain
     yaw_rate_error: np.ndarray | None = None  # each episode's mean |yaw rate - command|, rad/s; None without one
-    drift: np.ndarray | None = None  # each episode's mean horizontal speed under a zero command (nan: none), m/s
+    drift: np.ndarray | None = None  # each episode's drift speed under a zero command (nan: none), m/s
 
 
 class StepMeasures(NamedTuple):
@@ -66,7 +66,7 @@ class StepMeasures(NamedTuple):
     command_error: Array  # |heading-frame velocity xy - command xy|
     yaw_rate_error: Array  # |world yaw rate - command yaw rate|
     standing: Array  # the command is zero
-    drift: Array  # the base's horizontal speed where the command is zero, else 0
+    drift: Array  # (2,): the base's horizontal velocity where the command is zero, else 0
 
 
 def tracks_velocity(command: Command | None) -> bool:
@@ -77,14 +77,14 @@ def step_measures(command: Command | None, ctx: StepContext) -> StepMeasures:
     """The locomotion measures after one control step of one env."""
     speed_x, zero = ctx.base_lin_vel_world[0], jnp.zeros(())
     if not tracks_velocity(command):
-        return StepMeasures(speed_x, zero, zero, jnp.zeros((), bool), zero)
+        return StepMeasures(speed_x, zero, zero, jnp.zeros((), bool), jnp.zeros(2))
     standing = jnp.all(ctx.command == 0)
     return StepMeasures(
         speed_x,
         jnp.linalg.norm(heading_velocity(ctx)[:2] - ctx.command[:2]),
         jnp.abs(ctx.base_ang_vel_world[2] - ctx.command[2]),
         standing,
-        jnp.where(standing, jnp.linalg.norm(ctx.base_lin_vel_world[:2]), 0.0),
+        jnp.where(standing, ctx.base_lin_vel_world[:2], 0.0),
     )
 
 
@@ -135,14 +135,16 @@ def make_eval_program(environment: Environment, terrain_column: int | None = Non
                 terminated=stats.terminated | (running & terminated),
                 yaw_rate_error_sum=stats.yaw_rate_error_sum + jnp.where(running, measures.yaw_rate_error, 0.0),
                 standing_steps=stats.standing_steps + (running & measures.standing),
-                drift_sum=stats.drift_sum + jnp.where(running, measures.drift, 0.0),
+                drift_sum=stats.drift_sum + jnp.where(running[:, None], measures.drift, 0.0),
             )
             running = running & ~(terminated | truncated)
             return t + 1, episode, stats, running, qpos_log
 
         zeros = jnp.zeros(num_envs)
         counts = jnp.zeros(num_envs, jnp.int32)
-        stats = EpisodeStats(zeros, counts, zeros, zeros, jnp.zeros(num_envs, bool), zeros, counts, zeros)
+        stats = EpisodeStats(
+            zeros, counts, zeros, zeros, jnp.zeros(num_envs, bool), zeros, counts, jnp.zeros((num_envs, 2))
+        )
         init = (jnp.zeros((), jnp.int32), episode, stats, jnp.ones(num_envs, bool), qpos_log)
         steps, _, stats, _, qpos_log = jax.lax.while_loop(running_any, body, init)
         return stats, qpos_log, steps
@@ -235,9 +237,11 @@ class Evaluator:
 
 
 def mean_drift(drift_sum: np.ndarray, standing_steps: np.ndarray) -> np.ndarray:
-    """Per episode, the mean horizontal speed over its zero-command steps (nan for an episode without any)."""
+    """Per episode, the norm of the base's mean horizontal velocity over its zero-command steps (the distance it
+    drifted per second told to stand; nan for an episode without such steps). `drift_sum` is (episodes, 2)."""
     with np.errstate(invalid="ignore", divide="ignore"):
-        return np.where(standing_steps > 0, drift_sum / np.maximum(standing_steps, 1), np.nan)
+        speed = np.linalg.norm(drift_sum, axis=-1) / np.maximum(standing_steps, 1)
+        return np.where(standing_steps > 0, speed, np.nan)
 
 
 def report_evaluation(task_name: str, result: EvalResult, mj_model: mujoco.MjModel, config: RLConfig) -> Path | None:

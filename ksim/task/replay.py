@@ -90,6 +90,8 @@ def judge_episodes(environment: Environment, episodes: Sequence[RecordedEpisode]
     speed_x, error, yaw_error, standing, drift = (
         [per_episode[i] for per_episode in measures] for i in range(len(StepMeasures._fields))
     )
+    standing_steps = np.asarray([m.sum() for m in standing])
+    drift_speed = mean_drift(np.stack([m.sum(axis=0) for m in drift]), standing_steps) if tracking else None
     return EvalResult(
         np.asarray(returns),
         np.asarray(lengths),
@@ -99,5 +101,5 @@ def judge_episodes(environment: Environment, episodes: Sequence[RecordedEpisode]
         episodes[0].qpos if episodes else np.zeros((0, 0)),
         None,
         np.asarray([m.mean() for m in yaw_error]) if tracking else None,
-        mean_drift(np.asarray([m.sum() for m in drift]), np.asarray([m.sum() for m in standing])) if tracking else None,
+        drift_speed,
     )
