@@ -77,6 +77,7 @@ class KBotTask(DistributedPPOTask[KBotConfig]):
                 offsets=(0.0, 0.5),  # the feet take turns
                 period_s=self.config.gait_period_s,
                 ground_height=SOLE_HEIGHT,
+                min_command=0.1,  # told to stand, it stands (stepping in place drifts)
             ),
             rew.FeetSlip(scale=-0.1, feet=FEET, contact_height=SOLE_HEIGHT + 0.01),
             rew.JointPoseDeviation(scale=-0.05, pose="default"),
@@ -122,7 +123,7 @@ DEFAULT_CONFIG = KBotConfig(
     dt=0.005,
     episode_length_s=10.0,
     action_delay_steps=1,
-    num_steps=3000,
+    num_steps=6000,
     learning_rate=1e-3,
     learning_rate_schedule="adaptive",
     normalize_returns=True,
