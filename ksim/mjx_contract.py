@@ -25,7 +25,6 @@ it passed on, and pyproject.toml allows just those.
 from __future__ import annotations
 
 import importlib
-import importlib.metadata
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,6 +35,7 @@ import numpy as np
 
 from ksim.config import ConfigError
 from ksim.mjx_import import mjx
+from ksim.xla_setup import installed_version
 
 Array = jax.Array
 
@@ -59,10 +59,7 @@ INTEGRATORS = {
 
 
 def mjx_version() -> str:
-    try:
-        return importlib.metadata.version("mujoco-mjx")
-    except importlib.metadata.PackageNotFoundError:
-        return "unknown"
+    return installed_version("mujoco-mjx") or "unknown"
 
 
 def solve_m(model: mjx.Model, data: mjx.Data, vector: Array) -> Array:

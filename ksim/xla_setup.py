@@ -18,12 +18,19 @@ def version_tuple(version: str) -> tuple[int, ...]:
     return tuple(int(part) for part in match.group(0).split(".")) if match else ()
 
 
+def installed_version(package: str) -> str | None:
+    """The installed version of the distribution `package`; None where it is not installed."""
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
 def jaxlib_version_tuple(jaxlib_version: str | None = None) -> tuple[int, ...]:
     """The given jaxlib version (tests pass one), else the installed one, as a tuple; () without jaxlib."""
     if jaxlib_version is None:
-        try:
-            jaxlib_version = importlib.metadata.version("jaxlib")
-        except importlib.metadata.PackageNotFoundError:  # a robot's runtime: ksim without JAX
+        jaxlib_version = installed_version("jaxlib")
+        if jaxlib_version is None:  # a robot's runtime: ksim without JAX
             return ()
     return version_tuple(jaxlib_version)
 

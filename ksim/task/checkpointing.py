@@ -6,7 +6,6 @@ The file format itself (metadata, atomic writes, pruning) is in `ksim.checkpoint
 from __future__ import annotations
 
 import functools
-import importlib.metadata
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -29,26 +28,19 @@ from ksim.checkpoint import (
 )
 from ksim.task.env import Environment
 from ksim.task.types import RLConfig, SharedState, TrainState
+from ksim.xla_setup import installed_version
 
 Array = jax.Array
-
-
-def installed_version(package: str) -> str:
-    """The installed version of `package`, "unknown" where it is not installed (a source tree on the path)."""
-    try:
-        return importlib.metadata.version(package)
-    except importlib.metadata.PackageNotFoundError:
-        return "unknown"
 
 
 def library_versions() -> dict[str, str]:
     """Versions of ksim and the libraries a checkpoint's numbers depend on."""
     return {
-        "ksim": installed_version("ksim"),
+        "ksim": installed_version("ksim") or "unknown",
         "jax": jax.__version__,
         "flax": flax.__version__,
         "mujoco": mujoco.__version__,
-        "mujoco-mjx": installed_version("mujoco-mjx"),
+        "mujoco-mjx": installed_version("mujoco-mjx") or "unknown",
     }
 
 
