@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import types
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -55,3 +59,34 @@ def test_a_task_overriding_a_method_that_moved_is_refused_naming_where_it_went()
     ):
         OldStyle(cartpole_config())
     CartpoleTask(cartpole_config())  # ksim's own classes and the examples define none of them
+
+
+def test_training_needs_no_viewer_extra_and_view_says_what_is_missing(tmp_path: Path) -> None:
+    # viser comes with ksim[viewer]; a plain install (a GPU box, CI images) must still train, eval and export.
+    code = (
+        "import importlib.machinery as machinery, sys, dataclasses\n"
+        "class WithoutViser(machinery.PathFinder):\n"  # finds what the path holds, except viser
+        "    @classmethod\n"
+        "    def find_spec(cls, name, path=None, target=None):\n"
+        "        return None if name.split('.')[0] == 'viser' else super().find_spec(name, path, target)\n"
+        "sys.meta_path = [WithoutViser if f is machinery.PathFinder else f for f in sys.meta_path]\n"
+        "from examples.cartpole import CartpoleTask, DEFAULT_CONFIG\n"
+        "config = dataclasses.replace(DEFAULT_CONFIG, num_envs=8, batch_size=4, num_steps=1, run_dir=sys.argv[1])\n"
+        "CartpoleTask.launch(config, [])\n"
+        "CartpoleTask.launch(config, ['mode=view'])\n"
+    )
+    run_dir = tmp_path / "run"
+    env = {**os.environ, "XLA_FLAGS": "", "PJRT_NPROC": ""}
+    result = subprocess.run(
+        [sys.executable, "-c", code, str(run_dir)],
+        cwd=Path(__file__).resolve().parents[1],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 2, result.stderr
+    assert (run_dir / "scalars.jsonl").exists()  # the training ran to its end
+    assert result.stderr.strip().splitlines()[-1] == (
+        "error: mode='view' needs the viser package: pip install 'ksim[viewer]'"
+    )

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 
 from ksim.task.checkpointing import action_layout
 from ksim.task.rl import RLTask
 from ksim.task.types import RLConfig, SharedState
-from ksim.viewer import Viewer
 from ksim.viewer_settings import ViewSettings, check_view_port, command_ranges
 from ksim.viewer_sim import ViewerSim
+
+if TYPE_CHECKING:  # viser is the viewer extra's: train, eval and export run without it
+    from ksim.viewer import Viewer
 
 
 def check(config: RLConfig) -> None:
@@ -35,6 +37,8 @@ def view_settings(task: RLTask[Any]) -> ViewSettings:
 
 def make_viewer(task: RLTask[Any]) -> Viewer:
     """The viewer of the task's policy, its first step compiled; serving from here on."""
+    from ksim.viewer import Viewer
+
     terrain = task.terrain_use
     sim = ViewerSim(task.environment, view_shared(task), task.config.seed, terrain.eval_level, terrain.eval_column)
     viewer = Viewer(sim, task.engine.mj_model, task.engine.layout.base_body, view_settings(task))
