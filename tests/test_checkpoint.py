@@ -20,6 +20,7 @@ from examples.cartpole import CartpoleConfig, CartpoleTask
 from ksim import observations as obs
 from ksim.checkpoint import load_checkpoint, load_metadata, prune_checkpoints, read_checkpoint, save_checkpoint
 from ksim.config import ConfigError
+from ksim.task.loop import GracefulStop
 from ksim.task.ppo import PPOTask
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -299,12 +300,25 @@ def test_sigterm_saves_a_checkpoint_and_exits_cleanly(tmp_path: Path) -> None:
     assert process.stdout is not None
     for line in process.stdout:
         if line.startswith("step 10/"):
+            # Twice, as `timeout` and schedulers send it (the child, then its process group): still one stop.
+            process.send_signal(signal.SIGTERM)
             process.send_signal(signal.SIGTERM)
             break
     output = process.stdout.read()
     assert process.wait(timeout=120) == 0, output
     assert "received SIGTERM" in output and "saved checkpoint" in output
     assert (tmp_path / "checkpoints" / "ckpt_latest.bin").exists()
+
+
+def test_a_second_ctrl_c_stops_at_once_and_a_repeated_sigterm_does_not() -> None:
+    with GracefulStop() as stop:
+        os.kill(os.getpid(), signal.SIGTERM)
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert stop.requested
+    with GracefulStop() as stop, pytest.raises(KeyboardInterrupt):
+        os.kill(os.getpid(), signal.SIGINT)
+        assert stop.requested
+        os.kill(os.getpid(), signal.SIGINT)
 
 
 @pytest.mark.skipif(ctypes.util.find_library("EGL") is None, reason="no EGL library for headless rendering")

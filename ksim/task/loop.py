@@ -40,8 +40,12 @@ class GracefulStop:
         self._previous: dict[int, Any] = {}
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
-        if self.requested:  # a second Ctrl-C stops at once
-            raise KeyboardInterrupt
+        if self.requested:
+            # A second Ctrl-C stops at once. A repeated SIGTERM does not: `timeout` and schedulers signal the
+            # child and then its process group, so one stop can arrive twice within a millisecond.
+            if signum == signal.SIGINT:
+                raise KeyboardInterrupt
+            return
         self.requested = True
         print(f"\nreceived {signal.Signals(signum).name}: stopping after this step and saving", flush=True)
 
