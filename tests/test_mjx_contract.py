@@ -4,6 +4,7 @@ sensors, actuators with activation (a filtered servo, an integrated-velocity ser
 and physics_impl='warp' (MJX's Warp implementation, run here on the CPU) against the JAX implementation
 (tests/test_physics_impl.py runs it through a task)."""
 
+import importlib
 from types import SimpleNamespace
 
 import jax
@@ -196,3 +197,20 @@ def test_warp_control_step_equals_the_jax_one() -> None:
     acc_size = int(np.sum(warp_engine.mj_model.sensor_dim[:ACCELERATION_SENSORS]))
     np.testing.assert_allclose(warp.sensordata[:, acc_size:], reference.sensordata[:, acc_size:], **close)
     assert np.abs(np.diff(np.asarray(reference.qpos[:, 2]))) > 1e-4  # the two torso masses move apart
+
+
+@needs_warp
+def test_warp_is_silent_when_the_solver_spends_its_iteration_budget(capfd: pytest.CaptureFixture[str]) -> None:
+    model = contract_model("Euler")
+    model.opt.iterations, model.opt.ls_iterations = 1, 1  # a budget every step uses up
+    engine = create_engine(model, SUBSTEPS * 0.005, 0.005, physics_impl="warp", max_envs=NUM_ENVS)
+    overflow = importlib.import_module("mujoco.mjx.third_party.mujoco_warp._src.types").OverflowType
+    warnings = overflow(engine.mjx_model.opt._impl.warn_overflow)
+    assert not warnings & (overflow.ITERATIONS | overflow.LS_ITERATIONS)
+    assert warnings & overflow.NARROWPHASE and warnings & overflow.NEFC  # lost contacts still warn
+    qpos = jnp.tile(jnp.asarray(model.qpos0, jnp.float32), (NUM_ENVS, 1))
+    data = jax.vmap(engine.make_data)(qpos, jnp.zeros((NUM_ENVS, model.nv)))
+    step = jax.jit(jax.vmap(lambda d: engine.step(d, lambda _: jnp.zeros(model.nu))[0]))
+    for _ in range(3):
+        data = jax.block_until_ready(step(data))
+    assert "iterations limit" not in capfd.readouterr().out
