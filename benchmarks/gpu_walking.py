@@ -40,14 +40,14 @@ class Run:
     impl: str
     compile_s: float | None = None
     rates: list[float] = field(default_factory=list)
-    env_steps: dict[int, int] = field(default_factory=dict)  # train step -> env steps
+    env_steps_per_step: int = 0  # the same every train step: envs x rollout length
     evals: list[tuple[float, int, float, float]] = field(default_factory=list)  # (s, step, speed, fall rate)
 
     def read(self, seconds: float, line: str) -> None:
         if match := COMPILE_LINE.match(line):
             self.compile_s = float(match[1])
         elif match := STEP_LINE.match(line):
-            self.env_steps[int(match[1])] = int(match[2])
+            self.env_steps_per_step = int(match[2]) // int(match[1])
             self.rates.append(float(match[3]))
         elif match := EVAL_LINE.match(line):
             self.evals.append((seconds, int(match[1]), float(match[2]), float(match[3])))
@@ -65,8 +65,7 @@ class Run:
         walked = "not within the run"
         if walk is not None:
             seconds, step = walk
-            steps = self.env_steps.get(step, step * (self.env_steps.get(1) or 0))
-            walked = f"{seconds:.0f} s, step {step}, {steps / 1e6:.1f}M env steps"
+            walked = f"{seconds:.0f} s, step {step}, {step * self.env_steps_per_step / 1e6:.1f}M env steps"
         compiled = f"{self.compile_s:.1f} s" if self.compile_s is not None else "-"
         return f"| {self.impl} | {compiled} | {rate} | {walked} | {len(self.evals)} |"
 
