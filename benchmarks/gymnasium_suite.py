@@ -8,8 +8,9 @@ repository) and is defined as Gymnasium 1.x defines the v5 task: observation, re
 ranges, reset noise, `frame_skip`, the 1000-step time limit. `tests/test_gymnasium_tasks.py` steps each next to
 `gymnasium.make("<Task>-v5")` from the same states with the same actions and checks that observations, rewards
 and terminations agree. The script trains each task and seed with the small-budget PPO preset below, evaluates the
-deterministic policy at the `--eval-at` env-step counts and prints a markdown table beside published PPO results;
-`--gymnasium-check` also plays each trained policy in Gymnasium's own environment.
+deterministic policy at the `--eval-at` env-step counts (and every `--eval-every` env steps) and prints a markdown
+table beside published PPO results, with how stable each run's last five evaluations are (spread of their returns,
+worst fall rate); `--gymnasium-check` also plays each trained policy in Gymnasium's own environment.
 
 Where ksim's components could not express Gymnasium's definition as they were, and what this does instead:
 
@@ -494,10 +495,12 @@ def mean_std(values: Sequence[float]) -> str:
 
 
 def summary_table(results: Sequence[RunResult], eval_at: Sequence[int], episodes: int) -> str:
-    """Per task: the mean evaluation return at each checkpoint over seeds, wall time, the published figures."""
+    """Per task: the mean evaluation return at each checkpoint over seeds, the stability of the runs' last
+    evaluations, wall time, the published figures."""
     checkpoints = sorted(set(eval_at))
     header = ["task", "seeds", *(f"ksim at {steps_label(count)}" for count in checkpoints)]
-    header += ["wall s per run", "CleanRL PPO (v4, 1M)", "SB3 zoo PPO (v3, 1M)"]
+    header += [f"last {LAST_EVALUATIONS} evaluations: spread / fall rate (worst seed)", "wall s per run"]
+    header += ["CleanRL PPO (v4, 1M)", "SB3 zoo PPO (v3, 1M)"]
     lines = [f"Table: {CAPTION.format(episodes=episodes)}", "", "| " + " | ".join(header) + " |"]
     lines.append("|" + "|".join(["---"] * 2 + ["---:"] * (len(header) - 2)) + "|")
     for task in dict.fromkeys(result.task for result in results):
@@ -507,10 +510,53 @@ def summary_table(results: Sequence[RunResult], eval_at: Sequence[int], episodes
             evaluations = [evaluation for run in runs if (evaluation := at(run, count)) is not None]
             returns = [float(np.mean(evaluation.returns)) for evaluation in evaluations]
             cells.append(mean_std(returns) if returns else "-")
+        cells.append(stability_cell(runs))
         cells.append(mean_std([run.wall_s for run in runs]))
         cells += [CLEANRL.get(task, "n/a (not in CleanRL's table)"), ZOO.get(task, "-")]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+LAST_EVALUATIONS = 5  # the issue's stability target: a run's last five evaluations
+
+
+@dataclass(frozen=True)
+class Stability:
+    """A run's last evaluations: their lowest and highest mean return, the spread between them as a fraction of
+    the highest (0.15: the lowest is 85% of the highest) and the worst fall rate among them."""
+
+    lowest: float
+    highest: float
+    spread: float
+    worst_fall_rate: float
+
+
+def stability(run: RunResult, last: int = LAST_EVALUATIONS) -> Stability | None:
+    """How stable the run's last `last` evaluations are; None when it has fewer."""
+    evaluations = [run.evaluations[steps] for steps in sorted(run.evaluations)[-last:]]
+    if len(evaluations) < last:
+        return None
+    returns = [float(np.mean(evaluation.returns)) for evaluation in evaluations]
+    lowest, highest = min(returns), max(returns)
+    spread = (highest - lowest) / abs(highest) if highest else math.inf
+    worst = max(float(np.mean(evaluation.fell)) for evaluation in evaluations)
+    return Stability(lowest, highest, spread, worst)
+
+
+def stability_cell(runs: Sequence[RunResult]) -> str:
+    """The worst spread and fall rate over the runs' last evaluations ("-" if a run has too few)."""
+    measured = [stability(run) for run in runs]
+    if not measured or any(entry is None for entry in measured):
+        return "-"
+    spread = max(entry.spread for entry in measured if entry is not None)
+    falls = max(entry.worst_fall_rate for entry in measured if entry is not None)
+    return f"{spread:.0%} / {falls:.2f}"
+
+
+def eval_points(env_steps: int, eval_at: Sequence[int], eval_every: int) -> list[int]:
+    """The env-step counts to evaluate at: `eval_at` and every `eval_every` (0: none), capped at `env_steps`."""
+    periodic = range(eval_every, env_steps + 1, eval_every) if eval_every > 0 else []
+    return sorted({min(count, env_steps) for count in [*eval_at, *periodic]})
 
 
 def at(run: RunResult, count: int) -> EvalResult | None:
@@ -556,6 +602,7 @@ def main() -> None:
     parser.add_argument(
         "--eval-at", type=int, nargs="+", default=[1_000_000, 5_000_000], help="env-step counts (capped at --env-steps)"
     )
+    parser.add_argument("--eval-every", type=int, default=0, help="also evaluate every N env steps (0: only --eval-at)")
     parser.add_argument("--eval-episodes", type=int, default=20, help="deterministic episodes per evaluation")
     parser.add_argument("--clip-actions", action="store_true", help="control cost on clipped actions (see --help)")
     parser.add_argument(
@@ -563,7 +610,10 @@ def main() -> None:
     )
     parser.add_argument("--check-episodes", type=int, default=5, help="episodes of --gymnasium-check per run")
     args = parser.parse_args()
-    eval_at = sorted({min(count, args.env_steps) for count in args.eval_at})
+    if args.eval_every < 0:
+        parser.error(f"--eval-every={args.eval_every} must be >= 0 (0: evaluate only at --eval-at)")
+    columns = eval_points(args.env_steps, args.eval_at, 0)  # the table's; the runs also evaluate in between
+    eval_at = eval_points(args.env_steps, args.eval_at, args.eval_every)
     results: list[RunResult] = []
     gym_check: dict[tuple[str, int], list[float]] = {}
     for task_id in task_names(args.tasks):
@@ -573,12 +623,17 @@ def main() -> None:
             results.append(run)
             final = run.evaluations[max(run.evaluations)]
             line = f"{task_id} seed {seed}: {run.wall_s:.0f} s, final evaluation {np.mean(final.returns):.1f}"
+            if (last := stability(run)) is not None:
+                line += (
+                    f", last {LAST_EVALUATIONS} evaluations {last.lowest:.1f}-{last.highest:.1f} "
+                    f"(spread {last.spread:.0%}, worst fall rate {last.worst_fall_rate:.2f})"
+                )
             if args.gymnasium_check:
                 gym_check[(task_id, seed)] = gymnasium_returns(task, shared, args.check_episodes, seed)
                 line += f", in Gymnasium's env {np.mean(gym_check[(task_id, seed)]):.1f}"
             print(line, flush=True)
     print()
-    print(summary_table(results, eval_at, args.eval_episodes))
+    print(summary_table(results, columns, args.eval_episodes))
     print()
     print(runs_table(results, gym_check))
 

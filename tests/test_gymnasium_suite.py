@@ -1,0 +1,43 @@
+"""The Gymnasium suite's bookkeeping: where it evaluates and how it judges a run's last evaluations."""
+
+import numpy as np
+import pytest
+
+from benchmarks.gymnasium_suite import RunResult, eval_points, stability, stability_cell, summary_table
+from ksim.task.evaluation import EvalResult
+
+
+def evaluation(returns: list[float], falls: int) -> EvalResult:
+    fell = np.arange(len(returns)) < falls
+    empty = np.zeros(len(returns))
+    return EvalResult(np.asarray(returns), empty + 1000, empty, fell, None, np.zeros((0, 1)))
+
+
+def run_with(means: list[float], falls: list[int]) -> RunResult:
+    pairs = enumerate(zip(means, falls, strict=True))
+    evaluations = {(i + 1) * 1000: evaluation([mean - 10, mean + 10], fall) for i, (mean, fall) in pairs}
+    return RunResult("Walker2d-v5", 0, evaluations, 1.0)
+
+
+def test_eval_points_join_the_listed_counts_and_the_period_capped_at_the_budget() -> None:
+    assert eval_points(1000, [300, 5000], 0) == [300, 1000]
+    assert eval_points(1000, [300], 250) == [250, 300, 500, 750, 1000]
+
+
+def test_stability_reads_only_the_last_five_evaluations() -> None:
+    run = run_with([100, 4000, 3600, 4000, 3800, 3400], [2, 0, 1, 0, 0, 0])
+    last = stability(run)
+    assert last is not None
+    assert (last.lowest, last.highest) == (3400, 4000)
+    assert last.spread == pytest.approx(0.15)  # the first evaluation's 100 and its falls are not among them
+    assert last.worst_fall_rate == 0.5
+    assert stability(run_with([1, 2, 3, 4], [0, 0, 0, 0])) is None
+
+
+def test_the_summary_reports_the_worst_seed() -> None:
+    steady, swinging = run_with([1000] * 5, [0] * 5), run_with([1000, 500, 1000, 1000, 1000], [0, 2, 0, 0, 0])
+    assert stability_cell([steady]) == "0% / 0.00"
+    assert stability_cell([steady, swinging]) == "50% / 1.00"
+    assert stability_cell([steady, run_with([1000], [0])]) == "-"
+    row = summary_table([steady, swinging], [5000], episodes=2).splitlines()[-1]
+    assert "| 50% / 1.00 |" in row
