@@ -1,0 +1,170 @@
+"""Where a velocity-command policy's tracking error comes from: transients, a steady bias, or oscillation.
+
+    .venv/bin/python -m benchmarks.tracking_breakdown examples.kbot:KBotTask RUN/checkpoints/ckpt_latest.bin
+
+`mode=eval`'s `eval/command_error` and `eval/yaw_rate_error` average the per-step error over whole episodes. This
+plays the same deterministic episodes (the task's module's `DEFAULT_CONFIG`, commands drawn as in training),
+records the heading-frame velocity, yaw rate and command at every control step, and splits the error:
+
+- the error once `--settle-s` has passed since the command last changed (what is left when transients are out);
+- per steady stretch of one command (at least `--settle-s` long after it settles): the bias, |mean velocity -
+  command|, and the oscillation, the mean distance of the velocity from its own mean (a gait's sway and twist);
+- the tracking gain per axis: the slope of the achieved mean against the commanded value over the stretches
+  (1: it goes as fast as told; 0.8: it reaches 80% of every command).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib
+from typing import Any, NamedTuple
+
+import jax
+import numpy as np
+
+from ksim.rewards import heading_velocity
+from ksim.task.evaluation import tracks_velocity
+
+AXES = ("forward", "lateral", "yaw")
+
+
+class Trace(NamedTuple):
+    """Per control step (leading axis) and episode: achieved (forward, lateral, yaw rate), the command, and
+    whether the episode was still running (its first step after an end and later ones are not)."""
+
+    achieved: np.ndarray  # (steps, episodes, 3)
+    command: np.ndarray  # (steps, episodes, 3)
+    running: np.ndarray  # (steps, episodes)
+
+
+class Breakdown(NamedTuple):
+    command_error: float  # mean |velocity xy - command xy| over running steps, m/s
+    yaw_rate_error: float  # mean |yaw rate - command|, rad/s
+    settled_command_error: float  # the same over steps at least settle_s after a command change
+    settled_yaw_rate_error: float
+    stretches: int  # steady stretches of one command
+    bias: float  # mean over stretches of |mean velocity xy - command xy|, m/s
+    oscillation: float  # mean over stretches of the velocity's mean distance from its own mean, m/s
+    yaw_bias: float
+    yaw_oscillation: float
+    gain: tuple[float, float, float]  # slope of achieved against commanded, per axis
+
+
+def steps_since_change(command: np.ndarray) -> np.ndarray:
+    """Per step and episode, the control steps since the command last changed (0 at the first step)."""
+    changed = np.concatenate([np.ones((1, command.shape[1]), bool), np.any(command[1:] != command[:-1], -1)])
+    since = np.zeros(changed.shape, int)
+    for t in range(1, len(changed)):
+        since[t] = np.where(changed[t], 0, since[t - 1] + 1)
+    return since
+
+
+def breakdown(trace: Trace, settle_steps: int) -> Breakdown:
+    """The error of `trace` split into transients, steady bias and oscillation, and the gain per axis."""
+    achieved, command, running = trace
+    error = np.linalg.norm(achieved[..., :2] - command[..., :2], axis=-1)
+    yaw_error = np.abs(achieved[..., 2] - command[..., 2])
+    since = steps_since_change(command)
+    settled = running & (since >= settle_steps)
+    stretch_id = np.cumsum(since == 0, axis=0)  # per episode, which command the step belongs to
+    means, commands, oscillations = [], [], []
+    for episode in range(running.shape[1]):
+        for stretch in np.unique(stretch_id[:, episode]):
+            steps = settled[:, episode] & (stretch_id[:, episode] == stretch)
+            if steps.sum() < settle_steps:
+                continue
+            values = achieved[steps, episode]
+            means.append(values.mean(0))
+            commands.append(command[steps, episode][0])
+            oscillations.append(np.abs(values - values.mean(0)))
+    mean, commanded = np.asarray(means).reshape(-1, 3), np.asarray(commands).reshape(-1, 3)
+    sway = [np.linalg.norm(values[:, :2], axis=-1).mean() for values in oscillations]
+    twist = [values[:, 2].mean() for values in oscillations]
+
+    def gain(axis: int) -> float:
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return float(np.sum(mean[:, axis] * commanded[:, axis]) / np.sum(commanded[:, axis] ** 2))
+
+    return Breakdown(
+        float(error[running].mean()),
+        float(yaw_error[running].mean()),
+        float(error[settled].mean()),
+        float(yaw_error[settled].mean()),
+        len(mean),
+        float(np.linalg.norm(mean[:, :2] - commanded[:, :2], axis=-1).mean()) if len(mean) else float("nan"),
+        float(np.mean(sway)) if sway else float("nan"),
+        float(np.abs(mean[:, 2] - commanded[:, 2]).mean()) if len(mean) else float("nan"),
+        float(np.mean(twist)) if twist else float("nan"),
+        (gain(0), gain(1), gain(2)),
+    )
+
+
+def record(task: Any, shared: Any, episodes: int, seed: int) -> Trace:
+    """Plays `episodes` deterministic episodes for the task's episode length and records them."""
+    environment = task.environment
+    steps = environment.settings.max_episode_steps
+
+    def step_one(shared: Any, episode: Any) -> tuple[Any, tuple[jax.Array, jax.Array, jax.Array]]:
+        stepped, transition = environment.step_env(shared, episode, deterministic=True)
+        ctx = environment.engine.context(
+            stepped.data, episode.data, stepped.last_action, episode.last_action, stepped.data.ctrl, episode.command
+        )
+        achieved = jax.numpy.concatenate([heading_velocity(ctx)[:2], ctx.base_ang_vel_world[2:]])
+        ended = transition.trajectory.terminated | transition.trajectory.truncated
+        return stepped, (achieved, episode.command, ended)
+
+    def play(shared: Any, keys: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+        start = jax.vmap(environment.start_episode)(keys)
+        _, outputs = jax.lax.scan(lambda ep, _: jax.vmap(step_one, in_axes=(None, 0))(shared, ep), start, None, steps)
+        return outputs
+
+    keys = jax.random.split(jax.random.PRNGKey(seed), episodes)
+    achieved, command, ended = jax.device_get(jax.jit(play)(jax.device_put(shared, jax.local_devices()[0]), keys))
+    running = np.cumsum(np.concatenate([np.zeros((1, episodes)), ended[:-1]]), axis=0) == 0
+    return Trace(np.asarray(achieved), np.asarray(command), running)
+
+
+def load_task(name: str, checkpoint: str) -> tuple[Any, Any]:
+    """The task `module:Class` built from its module's DEFAULT_CONFIG, and the checkpoint's shared state."""
+    module_name, _, class_name = name.partition(":")
+    module = importlib.import_module(module_name)
+    task = getattr(module, class_name)(dataclasses.replace(module.DEFAULT_CONFIG, load_from_ckpt_path=checkpoint))
+    return task, task.checkpoints.load(checkpoint)["shared"]
+
+
+def report(result: Breakdown, settle_s: float) -> str:
+    gains = ", ".join(f"{axis} {gain:.2f}" for axis, gain in zip(AXES, result.gain, strict=True))
+    return "\n".join(
+        [
+            f"command error {result.command_error:.3f} m/s, "
+            f"yaw-rate error {result.yaw_rate_error:.3f} rad/s (every step)",
+            f"  {settle_s:g} s after a command change: {result.settled_command_error:.3f} m/s, "
+            f"{result.settled_yaw_rate_error:.3f} rad/s",
+            f"  over {result.stretches} steady stretches: bias {result.bias:.3f} m/s, "
+            f"oscillation {result.oscillation:.3f} m/s; yaw bias {result.yaw_bias:.3f} rad/s, "
+            f"yaw oscillation {result.yaw_oscillation:.3f} rad/s",
+            f"  tracking gain (achieved / commanded): {gains}",
+        ]
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("task", help="the task class as module:Class, e.g. examples.kbot:KBotTask")
+    parser.add_argument("checkpoint")
+    parser.add_argument("--episodes", type=int, default=64)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--settle-s", type=float, default=1.0, help="seconds after a command change left out")
+    args = parser.parse_args()
+    if args.episodes < 1 or args.settle_s <= 0:
+        parser.error("--episodes must be >= 1 and --settle-s > 0")
+    task, shared = load_task(args.task, args.checkpoint)
+    if not tracks_velocity(task.environment.components.command):
+        parser.error(f"{args.task} has no velocity command (get_command returns no VelocityCommand): nothing to track")
+    settle_steps = max(1, round(args.settle_s / task.config.ctrl_dt))
+    print(report(breakdown(record(task, shared, args.episodes, args.seed), settle_steps), args.settle_s))
+
+
+if __name__ == "__main__":
+    main()

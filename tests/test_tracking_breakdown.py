@@ -1,0 +1,38 @@
+"""benchmarks/tracking_breakdown.py splits a tracking error into transients, a steady bias and oscillation."""
+
+import numpy as np
+import pytest
+
+from benchmarks.tracking_breakdown import Trace, breakdown, steps_since_change
+
+
+def test_steps_since_change_restart_at_every_new_command() -> None:
+    command = np.array([[0, 0, 0], [0, 0, 0], [1, 0, 0], [1, 0, 0], [1, 0, 0]], float)[:, None, :]
+    assert steps_since_change(command)[:, 0].tolist() == [0, 1, 0, 1, 2]
+
+
+def test_a_policy_at_80_percent_with_a_sway_is_split_into_gain_bias_and_oscillation() -> None:
+    steps, settle = 200, 20
+    commands = np.array([[1.0, 0.0, 0.5], [0.0, -0.5, -1.0]])  # one command per half of the episode
+    command = np.repeat(commands, steps // 2, axis=0)[:, None, :]
+    sway = np.where(np.arange(steps) % 2 == 0, 0.1, -0.1)  # +-0.1 on every axis, mean zero over each half
+    achieved = 0.8 * command + sway[:, None, None]
+    achieved[:settle] = 0.0  # a transient: standing still right after the start
+    result = breakdown(Trace(achieved, command, np.ones((steps, 1), bool)), settle)
+    assert result.stretches == 2
+    assert result.gain == pytest.approx((0.8, 0.8, 0.8))
+    assert result.bias == pytest.approx(np.mean([0.2, 0.1]))  # |0.2 * command xy| per stretch
+    assert result.oscillation == pytest.approx(0.1 * np.sqrt(2))
+    assert result.yaw_bias == pytest.approx(np.mean([0.1, 0.2]))
+    assert result.yaw_oscillation == pytest.approx(0.1)
+    assert result.command_error > result.settled_command_error  # the transient counts only in the first
+
+
+def test_steps_after_an_episode_ended_are_left_out() -> None:
+    command = np.ones((40, 1, 3))
+    achieved = command.copy()
+    achieved[30:] = 100.0  # what the env does after it fell does not count
+    running = (np.arange(40) < 30)[:, None]
+    result = breakdown(Trace(achieved, command, running), settle_steps=5)
+    assert result.command_error == pytest.approx(0.0)
+    assert result.gain == pytest.approx((1.0, 1.0, 1.0))
