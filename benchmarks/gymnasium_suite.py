@@ -402,6 +402,8 @@ def task_config(task: type[GymnasiumTask], **overrides: Any) -> GymnasiumConfig:
 
 # ----- the benchmark -------------------------------------------------------------------------------------------
 
+LAST_EVALUATIONS = 5  # a run's stability is judged over its last five evaluations
+
 # Published PPO results at 1M env steps (mean ± std as published), on earlier versions of these tasks.
 CLEANRL = {"Hopper-v5": "2382.86 ± 271.74", "Walker2d-v5": "2287.95 ± 571.78", "HalfCheetah-v5": "1442.64 ± 46.03"}
 ZOO = {
@@ -515,9 +517,6 @@ def summary_table(results: Sequence[RunResult], eval_at: Sequence[int], episodes
         cells += [CLEANRL.get(task, "n/a (not in CleanRL's table)"), ZOO.get(task, "-")]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
-
-
-LAST_EVALUATIONS = 5  # the stability target: a run's last five evaluations
 
 
 @dataclass(frozen=True)
