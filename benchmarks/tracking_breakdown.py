@@ -125,11 +125,22 @@ def record(task: Any, shared: Any, episodes: int, seed: int) -> Trace:
     return Trace(np.asarray(achieved), np.asarray(command), running)
 
 
-def load_task(name: str, checkpoint: str) -> tuple[Any, Any]:
-    """The task `module:Class` built from its module's DEFAULT_CONFIG, and the checkpoint's shared state."""
+def build_task(name: str, checkpoint: str) -> Any:
+    """The task `module:Class` built from its module's DEFAULT_CONFIG; ValueError naming what is missing."""
     module_name, _, class_name = name.partition(":")
-    module = importlib.import_module(module_name)
-    task = getattr(module, class_name)(dataclasses.replace(module.DEFAULT_CONFIG, load_from_ckpt_path=checkpoint))
+    if not class_name:
+        raise ValueError(f"task={name!r} must be module:Class, e.g. examples.kbot:KBotTask")
+    try:
+        module = importlib.import_module(module_name)
+        task_class, config = getattr(module, class_name), module.DEFAULT_CONFIG
+    except (ImportError, AttributeError) as error:
+        raise ValueError(f"task={name!r}: {error} (the module needs the class and a DEFAULT_CONFIG)") from None
+    return task_class(dataclasses.replace(config, load_from_ckpt_path=checkpoint))
+
+
+def load_task(name: str, checkpoint: str) -> tuple[Any, Any]:
+    """The task `module:Class` and the checkpoint's shared state."""
+    task = build_task(name, checkpoint)
     return task, task.checkpoints.load(checkpoint)["shared"]
 
 
@@ -159,9 +170,13 @@ def main() -> None:
     args = parser.parse_args()
     if args.episodes < 1 or args.settle_s <= 0:
         parser.error("--episodes must be >= 1 and --settle-s > 0")
-    task, shared = load_task(args.task, args.checkpoint)
+    try:
+        task = build_task(args.task, args.checkpoint)
+    except ValueError as error:
+        parser.error(str(error))
     if not tracks_velocity(task.environment.components.command):
         parser.error(f"{args.task} has no velocity command (get_command returns no VelocityCommand): nothing to track")
+    shared = task.checkpoints.load(args.checkpoint)["shared"]
     settle_steps = max(1, round(args.settle_s / task.config.ctrl_dt))
     print(report(breakdown(record(task, shared, args.episodes, args.seed), settle_steps), args.settle_s))
 

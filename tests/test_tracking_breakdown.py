@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from benchmarks.tracking_breakdown import Trace, breakdown, steps_since_change
+from benchmarks.tracking_breakdown import Trace, breakdown, build_task, steps_since_change
 
 
 def test_steps_since_change_restart_at_every_new_command() -> None:
@@ -36,3 +36,10 @@ def test_steps_after_an_episode_ended_are_left_out() -> None:
     result = breakdown(Trace(achieved, command, running), settle_steps=5)
     assert result.command_error == pytest.approx(0.0)
     assert result.gain == pytest.approx((1.0, 1.0, 1.0))
+
+
+def test_a_task_name_that_cannot_be_built_is_refused_in_one_line() -> None:
+    with pytest.raises(ValueError, match="must be module:Class"):
+        build_task("examples.kbot", "ckpt.bin")
+    with pytest.raises(ValueError, match="has no attribute 'Nope'"):
+        build_task("examples.kbot:Nope", "ckpt.bin")
