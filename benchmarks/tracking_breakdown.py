@@ -24,7 +24,7 @@ import jax
 import numpy as np
 
 from ksim.rewards import heading_velocity
-from ksim.task.evaluation import tracks_velocity
+from ksim.task.evaluation import deterministic_step, tracks_velocity
 
 AXES = ("forward", "lateral", "yaw")
 
@@ -106,12 +106,9 @@ def record(task: Any, shared: Any, episodes: int, seed: int) -> Trace:
     steps = environment.settings.max_episode_steps
 
     def step_one(shared: Any, episode: Any) -> tuple[Any, tuple[jax.Array, jax.Array, jax.Array]]:
-        stepped, transition = environment.step_env(shared, episode, deterministic=True)
-        ctx = environment.engine.context(
-            stepped.data, episode.data, stepped.last_action, episode.last_action, stepped.data.ctrl, episode.command
-        )
+        stepped, trajectory, ctx = deterministic_step(environment, shared, episode)
         achieved = jax.numpy.concatenate([heading_velocity(ctx)[:2], ctx.base_ang_vel_world[2:]])
-        ended = transition.trajectory.terminated | transition.trajectory.truncated
+        ended = trajectory.terminated | trajectory.truncated
         return stepped, (achieved, episode.command, ended)
 
     def play(shared: Any, keys: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:

@@ -24,7 +24,7 @@ from ksim.commands import Command, VelocityCommand
 from ksim.engine import StepContext
 from ksim.rewards import heading_velocity
 from ksim.task.env import Environment
-from ksim.task.types import Episode, RLConfig
+from ksim.task.types import Episode, RLConfig, Trajectory
 from ksim.terrain import TerrainCells
 
 Array = jax.Array
@@ -88,6 +88,17 @@ def step_measures(command: Command | None, ctx: StepContext) -> StepMeasures:
     )
 
 
+def deterministic_step(
+    environment: Environment, shared: Any, episode: Episode
+) -> tuple[Episode, Trajectory, StepContext]:
+    """One env's step with the mean action: the stepped episode, its trajectory and the context that judges it."""
+    stepped, transition = environment.step_env(shared, episode, deterministic=True)
+    ctx = environment.engine.context(
+        stepped.data, episode.data, stepped.last_action, episode.last_action, stepped.data.ctrl, episode.command
+    )
+    return stepped, transition.trajectory, ctx
+
+
 def make_eval_program(environment: Environment, terrain_column: int | None = None) -> EvalProgram:
     """A jitted program: (shared, env_keys, levels) -> (per-episode stats, env 0's qpos per step, steps run).
 
@@ -99,11 +110,7 @@ def make_eval_program(environment: Environment, terrain_column: int | None = Non
     command = environment.components.command
 
     def step_one(shared: Any, episode: Episode) -> tuple[Episode, Array, Array, Array, StepMeasures]:
-        stepped, transition = environment.step_env(shared, episode, deterministic=True)
-        ctx = environment.engine.context(
-            stepped.data, episode.data, stepped.last_action, episode.last_action, stepped.data.ctrl, episode.command
-        )
-        trajectory = transition.trajectory
+        stepped, trajectory, ctx = deterministic_step(environment, shared, episode)
         return stepped, trajectory.reward, trajectory.terminated, trajectory.truncated, step_measures(command, ctx)
 
     step_all = jax.vmap(step_one, in_axes=(None, 0))
