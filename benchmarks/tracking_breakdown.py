@@ -1,9 +1,11 @@
 """Where a velocity-command policy's tracking error comes from: transients, a steady bias, or oscillation.
 
     .venv/bin/python -m benchmarks.tracking_breakdown examples.kbot:KBotTask RUN/checkpoints/ckpt_latest.bin
+    .venv/bin/python -m benchmarks.tracking_breakdown examples.kbot:KBotTask CKPT gait_period_s=0.6  # as trained
 
 `mode=eval`'s `eval/command_error` and `eval/yaw_rate_error` average the per-step error over whole episodes. This
-plays the same deterministic episodes (the task's module's `DEFAULT_CONFIG`, commands drawn as in training),
+plays the same deterministic episodes (the task's module's `DEFAULT_CONFIG` with the `key=value` settings the
+run was trained with, commands drawn as in training),
 records the heading-frame velocity, yaw rate and command at every control step, and splits the error:
 
 - the error once `--settle-s` has passed since the command last changed (what is left when transients are out);
@@ -18,11 +20,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import jax
 import numpy as np
 
+from ksim.config import ConfigError, parse_overrides
 from ksim.rewards import heading_velocity
 from ksim.task.evaluation import deterministic_step, tracks_velocity
 
@@ -122,8 +126,9 @@ def record(task: Any, shared: Any, episodes: int, seed: int) -> Trace:
     return Trace(np.asarray(achieved), np.asarray(command), running)
 
 
-def build_task(name: str, checkpoint: str) -> Any:
-    """The task `module:Class` built from its module's DEFAULT_CONFIG; ValueError naming what is missing."""
+def build_task(name: str, checkpoint: str, overrides: Sequence[str] = ()) -> Any:
+    """The task `module:Class` built from its module's DEFAULT_CONFIG and the run's `key=value` settings;
+    ValueError naming what is missing or wrong."""
     module_name, _, class_name = name.partition(":")
     if not class_name:
         raise ValueError(f"task={name!r} must be module:Class, e.g. examples.kbot:KBotTask")
@@ -132,13 +137,11 @@ def build_task(name: str, checkpoint: str) -> Any:
         task_class, config = getattr(module, class_name), module.DEFAULT_CONFIG
     except (ImportError, AttributeError) as error:
         raise ValueError(f"task={name!r}: {error} (the module needs the class and a DEFAULT_CONFIG)") from None
+    try:
+        config = parse_overrides(config, overrides)
+    except ConfigError as error:
+        raise ValueError(str(error)) from None
     return task_class(dataclasses.replace(config, load_from_ckpt_path=checkpoint))
-
-
-def load_task(name: str, checkpoint: str) -> tuple[Any, Any]:
-    """The task `module:Class` and the checkpoint's shared state."""
-    task = build_task(name, checkpoint)
-    return task, task.checkpoints.load(checkpoint)["shared"]
 
 
 def report(result: Breakdown, settle_s: float) -> str:
@@ -161,6 +164,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("task", help="the task class as module:Class, e.g. examples.kbot:KBotTask")
     parser.add_argument("checkpoint")
+    parser.add_argument("settings", nargs="*", help="the run's key=value settings, as given to its training")
     parser.add_argument("--episodes", type=int, default=64)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--settle-s", type=float, default=1.0, help="seconds after a command change left out")
@@ -168,7 +172,7 @@ def main() -> None:
     if args.episodes < 1 or args.settle_s <= 0:
         parser.error("--episodes must be >= 1 and --settle-s > 0")
     try:
-        task = build_task(args.task, args.checkpoint)
+        task = build_task(args.task, args.checkpoint, args.settings)
     except ValueError as error:
         parser.error(str(error))
     if not tracks_velocity(task.environment.components.command):

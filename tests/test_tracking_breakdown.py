@@ -1,5 +1,9 @@
 """benchmarks/tracking_breakdown.py splits a tracking error into transients, a steady bias and oscillation."""
 
+import dataclasses
+import sys
+import types
+
 import numpy as np
 import pytest
 
@@ -43,3 +47,29 @@ def test_a_task_name_that_cannot_be_built_is_refused_in_one_line() -> None:
         build_task("examples.kbot", "ckpt.bin")
     with pytest.raises(ValueError, match="has no attribute 'Nope'"):
         build_task("examples.kbot:Nope", "ckpt.bin")
+
+
+@dataclasses.dataclass
+class _Config:
+    gait_period_s: float = 0.8
+    load_from_ckpt_path: str = ""
+
+
+class _Task:
+    def __init__(self, config: _Config) -> None:
+        self.config = config
+
+
+def test_the_runs_settings_reach_the_task_and_a_bad_one_is_refused_in_one_line(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    module = types.ModuleType("fake_task_module")
+    module.FakeTask = _Task  # type: ignore[attr-defined]
+    module.DEFAULT_CONFIG = _Config()  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "fake_task_module", module)
+    task = build_task("fake_task_module:FakeTask", "ckpt.bin", ["gait_period_s=0.6"])
+    assert task.config == _Config(gait_period_s=0.6, load_from_ckpt_path="ckpt.bin")
+    with pytest.raises(ValueError, match="unknown setting 'gait'"):
+        build_task("fake_task_module:FakeTask", "ckpt.bin", ["gait=0.6"])
+    with pytest.raises(ValueError, match="gait_period_s=fast is not valid"):
+        build_task("fake_task_module:FakeTask", "ckpt.bin", ["gait_period_s=fast"])
