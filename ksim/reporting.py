@@ -19,6 +19,7 @@ STDOUT_KEYS = (
     "approx_kl",
     "clip_fraction",
     "learning_rate",  # only with a learning_rate_schedule
+    "symmetry_loss",  # only with symmetry_coef > 0
 )
 SCALARS_FILE = "scalars.jsonl"
 

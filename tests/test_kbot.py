@@ -1,5 +1,5 @@
 """K-Bot: the firmware's gains from the robot's metadata, bad metadata refused in one line, and the example on two
-devices with a checkpoint that mode=eval, mode=export and the viewer take."""
+devices (with the symmetry loss) with a checkpoint that mode=eval, mode=export and the viewer take."""
 
 import dataclasses
 import json
@@ -83,7 +83,7 @@ def test_kbot_trains_on_two_devices_and_its_checkpoint_serves_eval_export_and_vi
     env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
     args = [f"{key}={value}" for key, value in TINY.items()]
     result = subprocess.run(
-        [sys.executable, "-m", "examples.kbot", *args, f"run_dir={tmp_path}"],
+        [sys.executable, "-m", "examples.kbot", *args, "symmetry_coef=0.5", f"run_dir={tmp_path}"],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -91,7 +91,8 @@ def test_kbot_trains_on_two_devices_and_its_checkpoint_serves_eval_export_and_vi
         timeout=900,
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "num_devices 2" in [line for line in result.stdout.splitlines() if line.startswith("step ")][-1]
+    last_step = [line for line in result.stdout.splitlines() if line.startswith("step ")][-1]
+    assert "num_devices 2" in last_step and "symmetry_loss" in last_step
     checkpoint = str(tmp_path / "checkpoints" / "ckpt_latest.bin")
     config = dataclasses.replace(DEFAULT_CONFIG, **TINY, load_from_ckpt_path=checkpoint)
 

@@ -12,6 +12,7 @@ import optax
 import xax
 
 from ksim.config import ConfigError, require_choice, require_non_negative, require_positive
+from ksim.mirror import PolicyMirror, policy_mirror
 from ksim.networks import ACTOR, CRITIC, ActorCritic, RecurrentActorCritic, gaussian_log_prob
 from ksim.task.memory import PolicyMemory, episode_starts, unroll
 from ksim.task.ppo_update import (
@@ -79,6 +80,12 @@ class PPOConfig(RLConfig):
     observation_history: int = xax.field(
         1, help="Observation frames the policy sees, the newest last (1: the current one only)."
     )
+    symmetry_coef: float = xax.field(
+        0.0,
+        help="Weight of the left-right symmetry loss (rsl_rl's mirror loss): the action mean on the mirror image of "
+        "each input against the mirror image of the action (0: off). Needs a symmetric robot, a mirror for every "
+        "actor observation (ksim.mirror) and a memoryless policy.",
+    )
 
 
 PPOConfigT = TypeVar("PPOConfigT", bound=PPOConfig)
@@ -87,6 +94,22 @@ LEARNING_RATE_SCHEDULES = ("constant", "linear", "adaptive")
 
 class PPOTask(RLTask[PPOConfigT]):
     """PPO on an RLTask: subclasses add only the robot (model file and components)."""
+
+    def __init__(self, config: PPOConfigT) -> None:
+        super().__init__(config)
+        self.mirror = self.get_mirror() if config.symmetry_coef > 0 else None
+
+    def get_mirror(self) -> PolicyMirror:
+        """The mirror images of the actor's input and action (symmetry_coef > 0); refusals name what has none."""
+        environment = self.environment
+        return policy_mirror(
+            self.engine.mj_model,
+            self.engine.layout,
+            environment.components.observations,
+            environment.observation_sizes,
+            environment.components.command,
+            self.config.observation_history,
+        )
 
     def validate_config(self) -> None:
         super().validate_config()
@@ -106,7 +129,14 @@ class PPOTask(RLTask[PPOConfigT]):
                     f"learning_rate={config.learning_rate} must be in [min_learning_rate={config.min_learning_rate}, "
                     f"max_learning_rate={config.max_learning_rate}] with learning_rate_schedule=adaptive"
                 )
-        require_non_negative(config, "max_grad_norm", "value_clip_eps", "entropy_coef", "value_coef", "recurrent_size")
+        require_non_negative(
+            config, "max_grad_norm", "value_clip_eps", "entropy_coef", "value_coef", "recurrent_size", "symmetry_coef"
+        )
+        if config.symmetry_coef > 0 and config.recurrent_size > 0:
+            raise ConfigError(
+                f"symmetry_coef={config.symmetry_coef} needs a memoryless policy (recurrent_size="
+                f"{config.recurrent_size}): a GRU's state has no mirror image"
+            )
         for name in ("gamma", "gae_lambda"):
             if not 0.0 <= getattr(config, name) <= 1.0:
                 raise ConfigError(f"{name}={getattr(config, name)} must be in [0, 1]")
@@ -277,6 +307,7 @@ class PPOTask(RLTask[PPOConfigT]):
         adaptive = self.config.learning_rate_schedule == "adaptive"
         obs = self.normalize_obs(shared, trajectory.obs)
         own_critic_obs = self.critic_observations is not None
+        mirror = self.mirror
         batch = PPOBatch(
             obs=obs,
             action=trajectory.action,
@@ -288,6 +319,8 @@ class PPOTask(RLTask[PPOConfigT]):
             starts=episode_starts(done) if self.recurrent else None,
             mean=mean if adaptive else None,
             log_std=log_std if adaptive else None,
+            mirror_obs=None if mirror is None else self.normalize_obs(shared, mirror.observation(trajectory.obs)),
+            mirror_target=None if mirror is None else mirror.action(mean),
         )
         batch = jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), batch)
         return batch.replace(carry=trajectory.carry[0] if self.recurrent else None)

@@ -29,6 +29,7 @@ class LossSettings(Protocol):
     value_clip_eps: float
     value_coef: float
     entropy_coef: float
+    symmetry_coef: float
 
 
 class PPOBatch(struct.PyTreeNode):
@@ -45,6 +46,8 @@ class PPOBatch(struct.PyTreeNode):
     starts: Array | None = None  # recurrent policies: where an episode starts inside the rollout
     mean: Array | None = None  # the rollout policy's action mean and log std (for the analytic KL)
     log_std: Array | None = None
+    mirror_obs: Array | None = None  # the symmetry loss: the normalised mirror image of the actor's raw input
+    mirror_target: Array | None = None  # and the mirror image of the rollout policy's action mean
 
 
 def compute_gae(
@@ -93,7 +96,8 @@ def network_outputs(model: nn.Module, params: Any, batch: PPOBatch) -> tuple[Arr
 def ppo_loss(
     model: nn.Module, params: Any, batch: PPOBatch, config: LossSettings, advantage: Array
 ) -> tuple[Array, Metrics]:
-    """Clipped surrogate + clipped value loss - entropy bonus, on one minibatch."""
+    """Clipped surrogate + clipped value loss - entropy bonus (+ the symmetry loss where the batch has mirror
+    images), on one minibatch."""
     mean, log_std, value = network_outputs(model, params, batch)
     log_ratio = gaussian_log_prob(batch.action, mean, log_std) - batch.log_prob
     ratio = jnp.exp(log_ratio)
@@ -117,7 +121,19 @@ def ppo_loss(
     if batch.mean is not None and batch.log_std is not None:
         kl = gaussian_kl(batch.mean, batch.log_std, mean, log_std)
         metrics["kl"] = jax.lax.stop_gradient(jnp.mean(kl))
+    if batch.mirror_obs is not None and batch.mirror_target is not None:
+        symmetry = symmetry_loss(model, params, batch.mirror_obs, batch.mirror_target)
+        metrics["symmetry_loss"] = symmetry
+        loss = loss + config.symmetry_coef * symmetry
+        metrics["loss"] = loss
     return loss, metrics
+
+
+def symmetry_loss(model: nn.Module, params: Any, mirror_obs: Array, mirror_target: Array) -> Array:
+    """rsl_rl's mirror loss: the action mean on mirrored inputs against the mirror of the rollout's action mean,
+    squared and summed over the action's values."""
+    mirror_mean, _ = cast(tuple[Array, Array], model.apply(params, mirror_obs, method="policy"))
+    return jnp.mean(jnp.sum(jnp.square(mirror_mean - mirror_target), axis=-1))
 
 
 def gaussian_kl(mean: Array, log_std: Array, new_mean: Array, new_log_std: Array) -> Array:
