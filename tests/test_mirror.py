@@ -78,7 +78,7 @@ def test_the_mirror_image_of_a_state_gives_the_mirror_image_of_the_actors_observ
     assert mirror.observation(mirror.observation(original)) == pytest.approx(original)  # an involution
 
 
-def test_the_symmetry_loss_is_the_squared_distance_to_the_mirrored_action_and_enters_the_loss() -> None:
+def test_the_symmetry_loss_is_the_mean_squared_distance_to_the_mirrored_action_and_enters_the_loss() -> None:
     model = ActorCritic(action_dim=2, actor_hidden=(8,), critic_hidden=(8,), init_log_std=-0.3)
     rng = np.random.default_rng(1)
     obs_, mirror_obs = (jnp.asarray(rng.normal(size=(3, 4, 5)), jnp.float32) for _ in range(2))
@@ -94,7 +94,7 @@ def test_the_symmetry_loss_is_the_squared_distance_to_the_mirrored_action_and_en
     with_symmetry, metrics = ppo_loss(model, params, mirrored, config, zeros)
 
     mirror_mean = np.asarray(model.apply(params, mirror_obs)[0])
-    expected = np.mean(np.sum((mirror_mean - np.asarray(target)) ** 2, axis=-1))
+    expected = np.mean((mirror_mean - np.asarray(target)) ** 2)
     assert float(metrics["symmetry_loss"]) == pytest.approx(expected, rel=1e-5)
     assert float(with_symmetry) == pytest.approx(float(loss) + 0.5 * expected, rel=1e-5)
 

@@ -130,10 +130,10 @@ def ppo_loss(
 
 
 def symmetry_loss(model: nn.Module, params: Any, mirror_obs: Array, mirror_target: Array) -> Array:
-    """rsl_rl's mirror loss: the action mean on mirrored inputs against the mirror of the rollout's action mean,
-    squared and summed over the action's values."""
+    """rsl_rl's mirror loss: the mean squared distance between the action mean on mirrored inputs and the mirror
+    image of the rollout's action mean."""
     mirror_mean, _ = cast(tuple[Array, Array], model.apply(params, mirror_obs, method="policy"))
-    return jnp.mean(jnp.sum(jnp.square(mirror_mean - mirror_target), axis=-1))
+    return jnp.mean(jnp.square(mirror_mean - mirror_target))
 
 
 def gaussian_kl(mean: Array, log_std: Array, new_mean: Array, new_log_std: Array) -> Array:
