@@ -35,7 +35,7 @@ SOLE_HEIGHT = 0.02  # a foot site's height when the foot stands on the floor, m
 
 @dataclass
 class KBotConfig(DistributedPPOConfig):
-    gait_period_s: float = xax.field(0.8, help="Period of the walking clock (one step of each foot), s.")
+    gait_period_s: float = xax.field(0.6, help="Period of the walking clock (one step of each foot), s.")
     action_scale: float = xax.field(0.5, help="Joint target offset (rad) per unit of action.")
 
 
@@ -68,7 +68,9 @@ class KBotTask(DistributedPPOTask[KBotConfig]):
     def get_rewards(self) -> Sequence[rew.Reward]:
         return [
             rew.LinearVelocityTracking(scale=2.0, sigma=0.25),
+            rew.LinearVelocityTracking(scale=1.0, sigma=0.05),  # a pull that does not fade near the command
             rew.AngularVelocityTracking(scale=1.5, sigma=0.5),
+            rew.AngularVelocityTracking(scale=0.75, sigma=0.1),
             rew.StayAlive(scale=0.5),
             rew.Upright(scale=0.5),
             rew.FootSwingTracking(
@@ -126,6 +128,7 @@ DEFAULT_CONFIG = KBotConfig(
     num_steps=6000,
     learning_rate=1e-3,
     learning_rate_schedule="adaptive",
+    desired_kl=0.02,  # twice rsl_rl's step per update: K-Bot learns by updates, not samples (docs/benchmarks.md)
     normalize_returns=True,
     init_log_std=-0.5,
     entropy_coef=1e-3,
