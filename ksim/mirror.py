@@ -65,12 +65,13 @@ def concatenate(mirrors: Sequence[Mirror]) -> Mirror:
 
 @dataclass(frozen=True)
 class RobotGeometry:
-    """Joint anchors, joint axes and site frames in the base frame at the default pose."""
+    """Joint anchors, joint axes, geom positions and site frames in the base frame at the default pose."""
 
     mj_model: mujoco.MjModel
     layout: ModelLayout
     anchors: np.ndarray  # (njnt, 3)
     axes: np.ndarray  # (njnt, 3)
+    geom_pos: np.ndarray  # (ngeom, 3)
     site_pos: np.ndarray  # (nsite, 3)
     site_rotation: np.ndarray  # (nsite, 3, 3): each site's axes (columns)
 
@@ -82,7 +83,8 @@ class RobotGeometry:
         rotation, origin = data.xmat[layout.base_body].reshape(3, 3), data.xpos[layout.base_body]
         site_rotation = rotation.T @ data.site_xmat.reshape(-1, 3, 3)
         anchors, axes = (data.xanchor - origin) @ rotation, data.xaxis @ rotation
-        return cls(mj_model, layout, anchors, axes, (data.site_xpos - origin) @ rotation, site_rotation)
+        geom_pos, site_pos = (data.geom_xpos - origin) @ rotation, (data.site_xpos - origin) @ rotation
+        return cls(mj_model, layout, anchors, axes, geom_pos, site_pos, site_rotation)
 
     def joint_mirror(self, joints: Sequence[int], setting: str) -> Mirror:
         """The mirror of one value per joint (positions, velocities): each joint's image among `joints`."""
@@ -114,6 +116,20 @@ class RobotGeometry:
             off_joint = names[joints[int(np.argmax(off))]]
             raise ConfigError(f"{setting}: the default pose is not symmetric at joint {off_joint!r}")
         return mirror
+
+    def feet_mirror(self, feet: Sequence[str], foot_geoms: Sequence[Sequence[int]], setting: str) -> Mirror:
+        """The mirror of one value per foot: each foot's image is the foot whose geoms' centre is its reflection."""
+        centres = np.stack([self.geom_pos[list(geoms)].mean(axis=0) for geoms in foot_geoms])
+        order = []
+        for foot, centre in zip(feet, centres, strict=True):
+            distance = np.linalg.norm(centres - centre * POLAR, axis=1)
+            if distance.min() > ANCHOR_TOLERANCE_M:
+                raise ConfigError(
+                    f"{setting}: foot {foot!r} has no mirror image among these feet (none within "
+                    f"{ANCHOR_TOLERANCE_M} m of its reflection across the base's x-z plane)"
+                )
+            order.append(int(np.argmin(distance)))
+        return Mirror(np.asarray(order), np.ones(len(order), np.float32))
 
     def site_frame_mirror(self, site: int, axial: bool, setting: str, on_plane: bool) -> Mirror:
         """The mirror of a vector (`axial`: a rotation vector) in the site's frame, whose axes must lie along the
@@ -158,6 +174,12 @@ def _(observation: obs.JointPosition, context: MirrorContext) -> Mirror:
 @observation_mirror.register
 def _(observation: obs.JointVelocity, context: MirrorContext) -> Mirror:
     return context.geometry.joint_mirror(observation.joint_ids, f"{observation.name}.joints")
+
+
+@observation_mirror.register(obs.FeetContact)
+@observation_mirror.register(obs.FeetContactForce)
+def _(observation: obs.FeetContact | obs.FeetContactForce, context: MirrorContext) -> Mirror:
+    return context.geometry.feet_mirror(observation.feet, observation.foot_geoms, f"{observation.name}.feet")
 
 
 @observation_mirror.register

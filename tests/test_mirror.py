@@ -101,8 +101,8 @@ def test_the_symmetry_loss_is_the_mean_squared_distance_to_the_mirrored_action_a
 
 LEGS = """
 <mujoco><worldbody><body name="base" pos="0 0 1"><freejoint/><geom size="0.1"/>
-  <body pos="0 0.1 0"><joint name="left_hip" axis="0 1 0"/><geom size="0.05"/></body>
-  <body pos="0 {right_y} 0"><joint name="right_hip" axis="0 1 0"/><geom size="0.05"/></body>
+  <body name="left_leg" pos="0 0.1 0"><joint name="left_hip" axis="0 1 0"/><geom size="0.05"/></body>
+  <body name="right_leg" pos="0 {right_y} 0"><joint name="right_hip" axis="0 1 0"/><geom size="0.05"/></body>
 </body></worldbody>
 <actuator><motor joint="left_hip"/><motor joint="right_hip"/></actuator></mujoco>
 """
@@ -118,6 +118,13 @@ def _mirror_of(xml: str, observations: list[obs.Observation]) -> Mirror:
 def test_what_has_no_mirror_image_is_refused_in_one_line() -> None:
     mirror = _mirror_of(LEGS.format(right_y=-0.1), [obs.JointPosition()])
     assert mirror.order.tolist() == [1, 0] and mirror.sign.tolist() == [1.0, 1.0]
+    feet = _mirror_of(LEGS.format(right_y=-0.1), [obs.FeetContact(feet=("right_leg", "left_leg"))])
+    assert feet.order.tolist() == [1, 0] and feet.sign.tolist() == [1.0, 1.0]
+    right_foot_forward = LEGS.format(right_y=-0.1).replace(
+        'right_hip" axis="0 1 0"/><geom', 'right_hip" axis="0 1 0"/><geom pos="0.05 0 0"'
+    )
+    with pytest.raises(ConfigError, match=r"FeetContact\.feet: foot 'left_leg' has no mirror image among these feet"):
+        _mirror_of(right_foot_forward, [obs.FeetContact(feet=("left_leg", "right_leg"))])
     with pytest.raises(ConfigError, match="joint 'left_hip' has no mirror image across the base's x-z plane"):
         _mirror_of(LEGS.format(right_y=-0.13), [obs.JointPosition()])
     with pytest.raises(ConfigError, match="observation BaseOrientation has no mirror image"):
