@@ -30,7 +30,7 @@ from ksim.engine import ModelLayout
 Array = jax.Array
 V = TypeVar("V", jax.Array, np.ndarray)
 
-ANCHOR_TOLERANCE_M = 0.01  # how far a reflected joint anchor or sensor site may sit from its image
+ANCHOR_TOLERANCE_M = 0.01  # how far a reflected joint anchor, sensor site or foot centre may sit from its image
 ALIGNED = 0.99  # |cos| between a reflected axis and its image's axis
 POSE_TOLERANCE = 1e-3  # rad (or m): the default pose must be its own mirror image
 POLAR = (1.0, -1.0, 1.0)  # a vector in a frame whose x-z plane is the mirror plane (velocity, gravity)
