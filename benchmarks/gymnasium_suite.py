@@ -2,6 +2,7 @@
 
     .venv/bin/python -m benchmarks.gymnasium_suite                                 # 4 tasks x 3 seeds, 1M env steps
     .venv/bin/python -m benchmarks.gymnasium_suite --tasks Hopper-v5 --seeds 1 --env-steps 5000000 --gymnasium-check
+    .venv/bin/python -m benchmarks.gymnasium_suite --tasks hopper --env-steps 5000000 --set entropy_coef=0.01 gamma=.995
 
 Each task loads Gymnasium's own MJCF file from the installed `gymnasium` package (nothing is copied into this
 repository) and is defined as Gymnasium 1.x defines the v5 task: observation, reward terms and weights, healthy
@@ -10,7 +11,9 @@ ranges, reset noise, `frame_skip`, the 1000-step time limit. `tests/test_gymnasi
 and terminations agree. The script trains each task and seed with the small-budget PPO preset below, evaluates the
 deterministic policy at the `--eval-at` env-step counts (and every `--eval-every` env steps) and prints a markdown
 table beside published PPO results, with how stable each run's last five evaluations are (spread of their returns,
-worst fall rate); `--gymnasium-check` also plays each trained policy in Gymnasium's own environment.
+worst fall rate); `--gymnasium-check` also plays each trained policy in Gymnasium's own environment. `--set`
+changes settings over the preset: for 5M env steps, an entropy bonus and a longer horizon keep the Hopper from
+breaking down (docs/benchmarks.md).
 
 Where ksim's components could not express Gymnasium's definition as they were, and what this does instead:
 
@@ -77,7 +80,7 @@ from ksim import rewards as rew
 from ksim import terminations as term
 from ksim.actuators import Actuators, TorqueActuators
 from ksim.binding import resolved, with_resolved
-from ksim.config import ConfigError
+from ksim.config import ConfigError, parse_overrides
 from ksim.engine import ModelLayout, PhysicsEngine, StepContext, body_index
 from ksim.physics import resolve_physics_impl
 from ksim.physics.native import DERIVED, STATE, NativeData, NativeEngine, field_shapes, reads_state
@@ -581,6 +584,12 @@ def runs_table(results: Sequence[RunResult], gym_check: dict[tuple[str, int], li
     return "\n".join(lines)
 
 
+def setting_overrides(pairs: Sequence[str]) -> dict[str, Any]:
+    """`--set key=value` pairs, typed and checked against the task config; raises ConfigError on a bad one."""
+    parsed = parse_overrides(task_config(HopperTask), pairs)
+    return {key: getattr(parsed, key) for key in (pair.split("=", 1)[0] for pair in pairs)}
+
+
 def task_names(requested: Sequence[str]) -> list[str]:
     """Gymnasium ids for names given as ids or short names (hopper, Walker2d, ...), in the order given."""
     short = {task_id.split("-")[0].lower(): task_id for task_id in TASKS}
@@ -608,16 +617,27 @@ def main() -> None:
         "--gymnasium-check", action="store_true", help="also play each trained policy in gymnasium.make(<task>)"
     )
     parser.add_argument("--check-episodes", type=int, default=5, help="episodes of --gymnasium-check per run")
+    parser.add_argument(
+        "--set",
+        nargs="+",
+        default=[],
+        metavar="KEY=VALUE",
+        help="settings over the preset's, e.g. entropy_coef=0.01 (any PPO setting: python -m examples.hopper --help)",
+    )
     args = parser.parse_args()
     if args.eval_every < 0:
         parser.error(f"--eval-every={args.eval_every} must be >= 0 (0: evaluate only at --eval-at)")
+    try:
+        settings = setting_overrides(args.set)
+    except ConfigError as error:
+        parser.error(f"--set: {error}")
     columns = eval_points(args.env_steps, args.eval_at, 0)  # the table's; the runs also evaluate in between
     eval_at = eval_points(args.env_steps, args.eval_at, args.eval_every)
     results: list[RunResult] = []
     gym_check: dict[tuple[str, int], list[float]] = {}
     for task_id in task_names(args.tasks):
         for seed in range(args.seeds):
-            overrides = {"eval_episodes": args.eval_episodes, "clip_actions": args.clip_actions}
+            overrides = {**settings, "eval_episodes": args.eval_episodes, "clip_actions": args.clip_actions}
             run, task, shared = train_and_evaluate(TASKS[task_id], seed, args.env_steps, eval_at, **overrides)
             results.append(run)
             final = run.evaluations[max(run.evaluations)]

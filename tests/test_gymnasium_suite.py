@@ -3,7 +3,15 @@
 import numpy as np
 import pytest
 
-from benchmarks.gymnasium_suite import RunResult, eval_points, stability, stability_cell, summary_table
+from benchmarks.gymnasium_suite import (
+    RunResult,
+    eval_points,
+    setting_overrides,
+    stability,
+    stability_cell,
+    summary_table,
+)
+from ksim.config import ConfigError
 from ksim.task.evaluation import EvalResult
 
 
@@ -41,3 +49,11 @@ def test_the_summary_reports_the_worst_seed() -> None:
     assert stability_cell([steady, run_with([1000], [0])]) == "-"
     row = summary_table([steady, swinging], [5000], episodes=2).splitlines()[-1]
     assert "| 50% / 1.00 |" in row
+
+
+def test_set_overrides_are_typed_and_unknown_or_mistyped_settings_are_refused() -> None:
+    assert setting_overrides(["entropy_coef=0.01", "num_envs=64"]) == {"entropy_coef": 0.01, "num_envs": 64}
+    with pytest.raises(ConfigError, match="unknown setting 'entropy'"):
+        setting_overrides(["entropy=0.01"])
+    with pytest.raises(ConfigError, match="entropy_coef=abc is not valid"):
+        setting_overrides(["entropy_coef=abc"])
