@@ -436,6 +436,11 @@ class RunResult:
     seed: int
     evaluations: dict[int, EvalResult]
     wall_s: float
+    updates: dict[int, dict[str, float]] = dataclasses.field(default_factory=dict)  # UPDATE_METRICS before each
+
+
+# What --log-updates prints beside each evaluation: the train steps' means since the previous evaluation.
+UPDATE_METRICS = ("entropy", "approx_kl", "clip_fraction", "local_grad_norm", "learning_rate")
 
 
 def train_and_evaluate(
@@ -449,16 +454,31 @@ def train_and_evaluate(
     num_steps = max(1, math.ceil(env_steps / (config.num_envs * config.rollout_length_frames)))
     task = task_class(dataclasses.replace(config, num_steps=num_steps))  # the learning rate anneals over num_steps
     state = task.init_train_state()
-    due, evaluations = sorted(set(eval_at)), {}
+    due, evaluations, updates = sorted(set(eval_at)), {}, {}
+    since_evaluation: list[dict[str, Array]] = []
     for step in range(1, num_steps + 1):
-        state, _ = task.train_step(state)
+        state, metrics = task.train_step(state)
         state = task.after_train_step(state, step)
+        since_evaluation.append({name: metrics[name] for name in UPDATE_METRICS if name in metrics})
         trained = step * task.env_steps_per_train_step
         if due and (trained >= due[0] or step == num_steps):
             evaluations[trained] = task.evaluate(task.fetch_replicated(state.shared))
+            means = jax.tree.map(lambda *values: float(np.mean(values)), *jax.device_get(since_evaluation))
+            updates[trained], since_evaluation = means, []
             due = [count for count in due if count > trained]
     shared = jax.block_until_ready(task.fetch_replicated(state.shared))
-    return RunResult(task_class.gymnasium_id, seed, evaluations, time.perf_counter() - start), task, shared
+    run = RunResult(task_class.gymnasium_id, seed, evaluations, time.perf_counter() - start, updates)
+    return run, task, shared
+
+
+def update_lines(run: RunResult) -> list[str]:
+    """One line per evaluation: its return and falls, and the means of the updates since the previous one."""
+    lines = []
+    for steps, result in sorted(run.evaluations.items()):
+        means = " ".join(f"{name} {value:.4g}" for name, value in run.updates.get(steps, {}).items())
+        falls = f"{int(np.sum(result.fell))}/{len(result.returns)}"
+        lines.append(f"  {steps:,} env steps: return {np.mean(result.returns):.1f} ({falls} fell) | {means}")
+    return lines
 
 
 def gymnasium_returns(task: GymnasiumTask, shared: Any, episodes: int, seed: int) -> list[float]:
@@ -618,6 +638,9 @@ def main() -> None:
     )
     parser.add_argument("--check-episodes", type=int, default=5, help="episodes of --gymnasium-check per run")
     parser.add_argument(
+        "--log-updates", action="store_true", help="print each evaluation with the updates' entropy, KL, ... before it"
+    )
+    parser.add_argument(
         "--set",
         nargs="+",
         default=[],
@@ -651,7 +674,11 @@ def main() -> None:
                 gym_check[(task_id, seed)] = gymnasium_returns(task, shared, args.check_episodes, seed)
                 line += f", in Gymnasium's env {np.mean(gym_check[(task_id, seed)]):.1f}"
             print(line, flush=True)
+            if args.log_updates:
+                print("\n".join(update_lines(run)), flush=True)
     print()
+    if settings:
+        print("Settings over the preset: " + " ".join(f"{key}={value}" for key, value in settings.items()))
     print(summary_table(results, columns, args.eval_episodes))
     print()
     print(runs_table(results, gym_check))

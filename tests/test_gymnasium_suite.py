@@ -10,6 +10,7 @@ from benchmarks.gymnasium_suite import (
     stability,
     stability_cell,
     summary_table,
+    update_lines,
 )
 from ksim.config import ConfigError
 from ksim.task.evaluation import EvalResult
@@ -57,3 +58,12 @@ def test_set_overrides_are_typed_and_unknown_or_mistyped_settings_are_refused() 
         setting_overrides(["entropy=0.01"])
     with pytest.raises(ConfigError, match="entropy_coef=abc is not valid"):
         setting_overrides(["entropy_coef=abc"])
+
+
+def test_update_lines_put_each_evaluation_beside_the_updates_before_it() -> None:
+    run = run_with([1000, 2000], [0, 3])
+    run.updates = {1000: {"entropy": 2.5, "approx_kl": 0.0123}, 2000: {"entropy": -1.0, "approx_kl": 0.05}}
+    assert update_lines(run) == [
+        "  1,000 env steps: return 1000.0 (0/2 fell) | entropy 2.5 approx_kl 0.0123",
+        "  2,000 env steps: return 2000.0 (2/2 fell) | entropy -1 approx_kl 0.05",
+    ]
