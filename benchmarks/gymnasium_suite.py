@@ -625,7 +625,8 @@ def task_names(requested: Sequence[str]) -> list[str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tasks", nargs="+", default=list(TASKS), help="Gymnasium ids or short names")
-    parser.add_argument("--seeds", type=int, default=3, help="seeds 0 .. N-1 per task")
+    parser.add_argument("--seeds", type=int, default=3, help="seeds per task: --first-seed .. --first-seed + N - 1")
+    parser.add_argument("--first-seed", type=int, default=0, help="the first seed (to add seeds to an earlier run)")
     parser.add_argument("--env-steps", type=int, default=1_000_000, help="env steps per run")
     parser.add_argument(
         "--eval-at", type=int, nargs="+", default=[1_000_000, 5_000_000], help="env-step counts (capped at --env-steps)"
@@ -648,6 +649,8 @@ def main() -> None:
         help="settings over the preset's, e.g. entropy_coef=0.01 (any PPO setting: python -m examples.hopper --help)",
     )
     args = parser.parse_args()
+    if args.seeds < 1 or args.first_seed < 0:
+        parser.error(f"--seeds={args.seeds} must be >= 1 and --first-seed={args.first_seed} >= 0")
     if args.eval_every < 0:
         parser.error(f"--eval-every={args.eval_every} must be >= 0 (0: evaluate only at --eval-at)")
     try:
@@ -659,7 +662,7 @@ def main() -> None:
     results: list[RunResult] = []
     gym_check: dict[tuple[str, int], list[float]] = {}
     for task_id in task_names(args.tasks):
-        for seed in range(args.seeds):
+        for seed in range(args.first_seed, args.first_seed + args.seeds):
             overrides = {**settings, "eval_episodes": args.eval_episodes, "clip_actions": args.clip_actions}
             run, task, shared = train_and_evaluate(TASKS[task_id], seed, args.env_steps, eval_at, **overrides)
             results.append(run)

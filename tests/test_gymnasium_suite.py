@@ -6,6 +6,7 @@ import pytest
 from benchmarks.gymnasium_suite import (
     RunResult,
     eval_points,
+    main,
     setting_overrides,
     stability,
     stability_cell,
@@ -58,6 +59,24 @@ def test_set_overrides_are_typed_and_unknown_or_mistyped_settings_are_refused() 
         setting_overrides(["entropy=0.01"])
     with pytest.raises(ConfigError, match="entropy_coef=abc is not valid"):
         setting_overrides(["entropy_coef=abc"])
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--seeds", "0"], "--seeds=0 must be >= 1 and --first-seed=0 >= 0"),
+        (["--first-seed", "-1"], "--seeds=3 must be >= 1 and --first-seed=-1 >= 0"),
+        (["--set", "entropy=0.01"], "--set: unknown setting 'entropy'"),
+    ],
+)
+def test_bad_arguments_are_refused_in_one_line_before_anything_runs(
+    argv: list[str], message: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr("sys.argv", ["gymnasium_suite", *argv])
+    with pytest.raises(SystemExit) as exit_info:
+        main()
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
 
 
 def test_update_lines_put_each_evaluation_beside_the_updates_before_it() -> None:
