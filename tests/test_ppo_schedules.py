@@ -52,10 +52,13 @@ def rollout() -> tuple[Any, Any]:
     return jax.device_get(state.shared.normalizer), jax.device_get(trajectory)
 
 
-def updated(config_overrides: dict[str, Any], rollout: tuple[Any, Any]) -> tuple[Any, Metrics]:
+def updated(config_overrides: dict[str, Any], rollout: tuple[Any, Any], steps_done: int = 0) -> tuple[Any, Metrics]:
+    """One update of the rollout, `steps_done` optimizer steps into the run."""
     task = CartpoleTask(cartpole_config(**config_overrides))
     normalizer, trajectory = rollout
     shared = task.init_shared(jax.random.PRNGKey(0)).replace(normalizer=normalizer)
+    if steps_done:
+        shared = shared.replace(opt_state=shared.opt_state._replace(count=jnp.asarray(steps_done, jnp.int32)))
     return jax.device_get(task.programs["update"](shared, trajectory, jax.random.PRNGKey(1)))
 
 
@@ -72,6 +75,18 @@ def test_adaptive_schedule_lowers_the_rate_after_every_minibatch_over_the_kl(rol
 def test_adaptive_schedule_raises_the_rate_while_the_kl_is_small(rollout: tuple[Any, Any]) -> None:
     shared, _ = updated({"learning_rate_schedule": "adaptive", "desired_kl": 1e3, "learning_rate": 1e-4}, rollout)
     assert float(shared.opt_state.hyperparams["learning_rate"]) == pytest.approx(1e-4 * 1.5 ** (STEPS_PER_UPDATE - 1))
+
+
+def test_annealed_adaptive_schedule_steers_to_a_kl_target_falling_to_zero(rollout: tuple[Any, Any]) -> None:
+    # num_steps=2: 8 optimizer steps in the run. With desired_kl=1e3 every KL is far under the target at the start
+    # (the rate rises after each minibatch but the first, as plain adaptive's does); at the run's end the target is
+    # 0, which any KL exceeds (the rate falls).
+    config = {"learning_rate_schedule": "adaptive_annealed", "desired_kl": 1e3, "learning_rate": 1e-4}
+    start, _ = updated(config, rollout)
+    assert float(start.opt_state.hyperparams["learning_rate"]) == pytest.approx(1e-4 * 1.5 ** (STEPS_PER_UPDATE - 1))
+    end, metrics = updated(config, rollout, steps_done=8)
+    assert float(end.opt_state.hyperparams["learning_rate"]) == pytest.approx(1e-4 / 1.5 ** (STEPS_PER_UPDATE - 1))
+    assert float(metrics["kl"]) > 0.0
 
 
 def test_linear_schedule_anneals_to_zero_over_the_run(rollout: tuple[Any, Any]) -> None:

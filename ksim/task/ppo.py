@@ -50,9 +50,13 @@ class PPOConfig(RLConfig):
         "constant",
         help="'constant'; 'linear': annealed to 0 over num_steps; 'adaptive': rsl_rl's rule, divided by 1.5 after a "
         "minibatch whose KL from the rollout's policy exceeds 2 x desired_kl, multiplied by 1.5 below half of it "
-        "(the KL averaged over devices, so every replica keeps the same rate).",
+        "(the KL averaged over devices, so every replica keeps the same rate); 'adaptive_annealed': the same rule "
+        "with desired_kl annealed linearly to 0 over num_steps (each update's step in policy space shrinks as "
+        "'linear' shrinks the rate, so the policy settles by the end).",
     )
-    desired_kl: float = xax.field(0.01, help="learning_rate_schedule=adaptive: the KL it steers each minibatch to.")
+    desired_kl: float = xax.field(
+        0.01, help="learning_rate_schedule=adaptive(_annealed): the KL it steers each minibatch to (at the start)."
+    )
     min_learning_rate: float = xax.field(1e-5, help="learning_rate_schedule=adaptive: the lowest rate.")
     max_learning_rate: float = xax.field(1e-2, help="learning_rate_schedule=adaptive: the highest rate.")
     minibatch_shuffle: str = xax.field(
@@ -89,7 +93,8 @@ class PPOConfig(RLConfig):
 
 
 PPOConfigT = TypeVar("PPOConfigT", bound=PPOConfig)
-LEARNING_RATE_SCHEDULES = ("constant", "linear", "adaptive")
+LEARNING_RATE_SCHEDULES = ("constant", "linear", "adaptive", "adaptive_annealed")
+ADAPTIVE_SCHEDULES = ("adaptive", "adaptive_annealed")
 
 
 class PPOTask(RLTask[PPOConfigT]):
@@ -122,12 +127,13 @@ class PPOTask(RLTask[PPOConfigT]):
                 f"minibatch_shuffle='steps' needs a memoryless policy (recurrent_size={config.recurrent_size}): a GRU "
                 "replays whole trajectories"
             )
-        if config.learning_rate_schedule == "adaptive":
+        if config.learning_rate_schedule in ADAPTIVE_SCHEDULES:
             require_positive(config, "min_learning_rate")
             if not config.min_learning_rate <= config.learning_rate <= config.max_learning_rate:
                 raise ConfigError(
                     f"learning_rate={config.learning_rate} must be in [min_learning_rate={config.min_learning_rate}, "
-                    f"max_learning_rate={config.max_learning_rate}] with learning_rate_schedule=adaptive"
+                    f"max_learning_rate={config.max_learning_rate}] with "
+                    f"learning_rate_schedule={config.learning_rate_schedule}"
                 )
         require_non_negative(
             config, "max_grad_norm", "value_clip_eps", "entropy_coef", "value_coef", "recurrent_size", "symmetry_coef"
@@ -188,19 +194,26 @@ class PPOTask(RLTask[PPOConfigT]):
             )
 
         if config.learning_rate_schedule == "linear":
-            optimizer_steps = config.num_steps * config.num_passes * self.num_minibatches
-            schedule = optax.linear_schedule(config.learning_rate, 0.0, optimizer_steps)
+            schedule = optax.linear_schedule(config.learning_rate, 0.0, self.optimizer_steps)
             return optax.inject_hyperparams(clipped_adam)(learning_rate=schedule)
-        if config.learning_rate_schedule == "adaptive":
+        if config.learning_rate_schedule in ADAPTIVE_SCHEDULES:
             return optax.inject_hyperparams(clipped_adam)(learning_rate=config.learning_rate)
         return clipped_adam(config.learning_rate)
 
+    @property
+    def optimizer_steps(self) -> int:
+        """Optimizer steps in the whole run: what the annealed schedules count down."""
+        return self.config.num_steps * self.config.num_passes * self.num_minibatches
+
     def adapt_optimizer(self, opt_state: Any, metrics: Metrics) -> Any:
-        """learning_rate_schedule=adaptive: the rate after this minibatch's KL, averaged over devices."""
+        """learning_rate_schedule=adaptive(_annealed): the rate after this minibatch's KL, averaged over devices."""
         config = self.config
         kl = self.cross_device_mean(metrics["kl"])
+        desired_kl = config.desired_kl
+        if config.learning_rate_schedule == "adaptive_annealed":
+            desired_kl = desired_kl * jnp.clip(1.0 - opt_state.count / self.optimizer_steps, 0.0, 1.0)
         rate = opt_state.hyperparams["learning_rate"]
-        rate = adapt_learning_rate(rate, kl, config.desired_kl, config.min_learning_rate, config.max_learning_rate)
+        rate = adapt_learning_rate(rate, kl, desired_kl, config.min_learning_rate, config.max_learning_rate)
         return opt_state._replace(hyperparams={**opt_state.hyperparams, "learning_rate": rate})
 
     def normalize_obs(self, shared: SharedState, obs: Array) -> Array:
@@ -304,7 +317,7 @@ class PPOTask(RLTask[PPOConfigT]):
             self.config.gae_lambda,
         )
         log_prob = gaussian_log_prob(trajectory.action, mean, log_std)
-        adaptive = self.config.learning_rate_schedule == "adaptive"
+        adaptive = self.config.learning_rate_schedule in ADAPTIVE_SCHEDULES
         obs = self.normalize_obs(shared, trajectory.obs)
         own_critic_obs = self.critic_observations is not None
         mirror = self.mirror
@@ -355,7 +368,7 @@ class PPOTask(RLTask[PPOConfigT]):
             UpdateHooks(
                 self.normalize_advantage,
                 self.sync_gradients,
-                self.adapt_optimizer if self.config.learning_rate_schedule == "adaptive" else None,
+                self.adapt_optimizer if self.config.learning_rate_schedule in ADAPTIVE_SCHEDULES else None,
             ),
         )
         metrics["value_mean"] = jnp.mean(batch.value)

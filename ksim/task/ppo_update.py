@@ -144,7 +144,7 @@ def gaussian_kl(mean: Array, log_std: Array, new_mean: Array, new_log_std: Array
 
 
 def adapt_learning_rate(
-    learning_rate: Array, kl: Array, desired_kl: float, min_learning_rate: float, max_learning_rate: float
+    learning_rate: Array, kl: Array, desired_kl: float | Array, min_learning_rate: float, max_learning_rate: float
 ) -> Array:
     """rsl_rl's adaptive rule: divide by 1.5 where the KL is over twice `desired_kl`, multiply by 1.5 where it
     is under half of it, within [min_learning_rate, max_learning_rate]."""
