@@ -209,7 +209,7 @@ class PPOTask(RLTask[PPOConfigT]):
         """learning_rate_schedule=adaptive(_annealed): the rate after this minibatch's KL, averaged over devices."""
         config = self.config
         kl = self.cross_device_mean(metrics["kl"])
-        desired_kl = config.desired_kl
+        desired_kl: float | Array = config.desired_kl
         if config.learning_rate_schedule == "adaptive_annealed":
             desired_kl = desired_kl * jnp.clip(1.0 - opt_state.count / self.optimizer_steps, 0.0, 1.0)
         rate = opt_state.hyperparams["learning_rate"]
