@@ -114,10 +114,17 @@ class LocalKlTask(DistributedCartpoleTask):
         return opt_state._replace(hyperparams={**opt_state.hyperparams, "learning_rate": rate})
 
 
-@pytest.mark.parametrize(("task_class", "same"), [(DistributedCartpoleTask, True), (LocalKlTask, False)])
-def test_adaptive_rate_is_the_same_on_every_device(task_class: type, same: bool) -> None:
+@pytest.mark.parametrize(
+    ("task_class", "schedule", "same"),
+    [
+        (DistributedCartpoleTask, "adaptive", True),
+        (DistributedCartpoleTask, "adaptive_annealed", True),
+        (LocalKlTask, "adaptive", False),
+    ],
+)
+def test_adaptive_rate_is_the_same_on_every_device(task_class: type, schedule: str, same: bool) -> None:
     config = distributed_cartpole_config(
-        num_devices=4, num_envs=16, batch_size=8, learning_rate_schedule="adaptive", desired_kl=2e-4
+        num_devices=4, num_envs=16, batch_size=8, learning_rate_schedule=schedule, desired_kl=2e-4
     )
     task = task_class(config)
     state = task.init_train_state()

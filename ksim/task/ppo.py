@@ -57,8 +57,8 @@ class PPOConfig(RLConfig):
     desired_kl: float = xax.field(
         0.01, help="learning_rate_schedule=adaptive(_annealed): the KL it steers each minibatch to (at the start)."
     )
-    min_learning_rate: float = xax.field(1e-5, help="learning_rate_schedule=adaptive: the lowest rate.")
-    max_learning_rate: float = xax.field(1e-2, help="learning_rate_schedule=adaptive: the highest rate.")
+    min_learning_rate: float = xax.field(1e-5, help="learning_rate_schedule=adaptive(_annealed): the lowest rate.")
+    max_learning_rate: float = xax.field(1e-2, help="learning_rate_schedule=adaptive(_annealed): the highest rate.")
     minibatch_shuffle: str = xax.field(
         "envs",
         help="What each epoch shuffles into its num_envs / batch_size minibatches: 'envs' (whole env trajectories, "
@@ -127,7 +127,7 @@ class PPOTask(RLTask[PPOConfigT]):
                 f"minibatch_shuffle='steps' needs a memoryless policy (recurrent_size={config.recurrent_size}): a GRU "
                 "replays whole trajectories"
             )
-        if config.learning_rate_schedule in ADAPTIVE_SCHEDULES:
+        if self.adapts_learning_rate:
             require_positive(config, "min_learning_rate")
             if not config.min_learning_rate <= config.learning_rate <= config.max_learning_rate:
                 raise ConfigError(
@@ -196,9 +196,14 @@ class PPOTask(RLTask[PPOConfigT]):
         if config.learning_rate_schedule == "linear":
             schedule = optax.linear_schedule(config.learning_rate, 0.0, self.optimizer_steps)
             return optax.inject_hyperparams(clipped_adam)(learning_rate=schedule)
-        if config.learning_rate_schedule in ADAPTIVE_SCHEDULES:
+        if self.adapts_learning_rate:
             return optax.inject_hyperparams(clipped_adam)(learning_rate=config.learning_rate)
         return clipped_adam(config.learning_rate)
+
+    @property
+    def adapts_learning_rate(self) -> bool:
+        """Whether the rate follows each minibatch's KL (the adaptive schedules)."""
+        return self.config.learning_rate_schedule in ADAPTIVE_SCHEDULES
 
     @property
     def optimizer_steps(self) -> int:
@@ -317,7 +322,7 @@ class PPOTask(RLTask[PPOConfigT]):
             self.config.gae_lambda,
         )
         log_prob = gaussian_log_prob(trajectory.action, mean, log_std)
-        adaptive = self.config.learning_rate_schedule in ADAPTIVE_SCHEDULES
+        adaptive = self.adapts_learning_rate
         obs = self.normalize_obs(shared, trajectory.obs)
         own_critic_obs = self.critic_observations is not None
         mirror = self.mirror
@@ -368,7 +373,7 @@ class PPOTask(RLTask[PPOConfigT]):
             UpdateHooks(
                 self.normalize_advantage,
                 self.sync_gradients,
-                self.adapt_optimizer if self.config.learning_rate_schedule in ADAPTIVE_SCHEDULES else None,
+                self.adapt_optimizer if self.adapts_learning_rate else None,
             ),
         )
         metrics["value_mean"] = jnp.mean(batch.value)
