@@ -94,6 +94,10 @@ def test_walking_presets_cpu_by_default_and_gpu_with_every_sim2real_component() 
         and CPU_CONFIG.num_envs == 128
     )
     gpu = WalkingTask(GPU_CONFIG)
+    gait_scales = [
+        next(r.scale for r in task.components.rewards if r.name == "FootSwingTracking") for task in (cpu, gpu)
+    ]
+    assert gait_scales == [2.0, 0.5]  # the CPU preset's stronger clock reward reaches the reward itself
     assert (
         len(gpu.components.randomizations) == 9
         and gpu.components.command is not None
