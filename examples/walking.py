@@ -166,8 +166,8 @@ GPU_CONFIG = WalkingConfig(
 # constant 3e-4 clipped 0.39-0.51 of the samples); normalized returns (returns in the hundreds, which the value
 # clip of 0.2 held back) stop the evaluations swinging between falling and walking. What remained was the mean
 # action alternating between a walk and a shuffle in place while the noisy policy walked: a gait-clock reward of
-# 2 (from 0.5) makes stepping pay on its own, and less policy noise (init_log_std -1, no entropy bonus) leaves
-# less of the gait to the noise, and annealing the KL target to 0 over the run lets the policy settle
+# 2 (from 0.5) makes stepping pay on its own, less policy noise (init_log_std -1, no entropy bonus) leaves less
+# of the gait to the noise, and annealing the KL target to 0 over the run lets the policy settle
 # (docs/training.md).
 CPU_CONFIG = replace(
     GPU_CONFIG,
