@@ -8,7 +8,10 @@ plays the same deterministic episodes (the task's module's `DEFAULT_CONFIG` with
 run was trained with, commands drawn as in training),
 records the heading-frame velocity, yaw rate and command at every control step, and splits the error:
 
-- the error once `--settle-s` has passed since the command last changed (what is left when transients are out);
+- the error once `--settle-s` has passed since the command last changed (what is left when transients are out),
+  and the part of the every-step error spent in those first seconds (and of it, at episode starts);
+- with `--window-s`, the settled error of the velocity averaged over that window (a gait period takes the
+  sway within a step out, leaving the velocity's slower wander about the command);
 - per steady stretch of one command (at least `--settle-s` long after it settles): the bias, |mean velocity -
   command|, and the oscillation, the mean distance of the velocity from its own mean (a gait's sway and twist);
 - the tracking gain per axis: the slope of the achieved mean against the commanded value over the stretches
@@ -47,6 +50,9 @@ class Breakdown(NamedTuple):
     yaw_rate_error: float  # mean |yaw rate - command|, rad/s
     settled_command_error: float  # the same over steps at least settle_s after a command change
     settled_yaw_rate_error: float
+    transient_part: float  # the part of command_error from steps within settle_steps of a change, m/s
+    start_part: float  # of transient_part, the steps after each episode's start
+    window_error: float  # settled error of the velocity averaged over window_steps (NaN without a window), m/s
     stretches: int  # steady stretches of one command
     bias: float  # mean over stretches of |mean velocity xy - command xy|, m/s
     oscillation: float  # mean over stretches of the velocity's mean distance from its own mean, m/s
@@ -64,7 +70,33 @@ def steps_since_change(command: np.ndarray) -> np.ndarray:
     return since
 
 
-def breakdown(trace: Trace, settle_steps: int) -> Breakdown:
+def centred_mean(values: np.ndarray, window: int) -> np.ndarray:
+    """The mean of `values` over `window` steps (the leading axis) around each step; NaN where it runs off an end."""
+    sums = np.cumsum(np.concatenate([np.zeros_like(values[:1]), values]), axis=0)
+    means = np.full(values.shape, np.nan)
+    start = window // 2
+    means[start : start + len(values) + 1 - window] = (sums[window:] - sums[:-window]) / window
+    return means
+
+
+def windowed_error(
+    achieved: np.ndarray, command: np.ndarray, settled: np.ndarray, stretch_id: np.ndarray, window: int
+) -> float:
+    """Mean xy error of the velocity averaged over `window` steps, where the whole window is settled on one command."""
+    if window < 1 or window > len(achieved):
+        return float("nan")
+    first, last = window // 2, window - 1 - window // 2  # steps before and after the centre
+    valid = np.zeros(settled.shape, bool)
+    ends_settled = settled[: len(settled) - window + 1] & settled[window - 1 :]
+    same_stretch = stretch_id[: len(settled) - window + 1] == stretch_id[window - 1 :]
+    valid[first : len(settled) - last] = ends_settled & same_stretch
+    if not valid.any():
+        return float("nan")
+    averaged = centred_mean(achieved[..., :2], window)
+    return float(np.linalg.norm(averaged - command[..., :2], axis=-1)[valid].mean())
+
+
+def breakdown(trace: Trace, settle_steps: int, window_steps: int = 0) -> Breakdown:
     """The error of `trace` split into transients, steady bias and oscillation, and the gain per axis."""
     achieved, command, running = trace
     error = np.linalg.norm(achieved[..., :2] - command[..., :2], axis=-1)
@@ -72,6 +104,7 @@ def breakdown(trace: Trace, settle_steps: int) -> Breakdown:
     since = steps_since_change(command)
     settled = running & (since >= settle_steps)
     stretch_id = np.cumsum(since == 0, axis=0)  # per episode, which command the step belongs to
+    transient = running & ~settled
     means, commands, oscillations = [], [], []
     for episode in range(running.shape[1]):
         for stretch in np.unique(stretch_id[:, episode]):
@@ -95,6 +128,9 @@ def breakdown(trace: Trace, settle_steps: int) -> Breakdown:
         float(yaw_error[running].mean()),
         float(error[settled].mean()),
         float(yaw_error[settled].mean()),
+        float(error[transient].sum() / running.sum()),
+        float(error[transient & (stretch_id == 1)].sum() / running.sum()),
+        windowed_error(achieved, command, settled, stretch_id, window_steps),
         len(mean),
         float(np.linalg.norm(mean[:, :2] - commanded[:, :2], axis=-1).mean()) if len(mean) else float("nan"),
         float(np.mean(sway)) if sway else float("nan"),
@@ -144,14 +180,19 @@ def build_task(name: str, checkpoint: str, overrides: Sequence[str] = ()) -> Any
     return task_class(dataclasses.replace(config, load_from_ckpt_path=checkpoint))
 
 
-def report(result: Breakdown, settle_s: float) -> str:
+def report(result: Breakdown, settle_s: float, window_s: float = 0.0) -> str:
     gains = ", ".join(f"{axis} {gain:.2f}" for axis, gain in zip(AXES, result.gain, strict=True))
+    averaged = f"  the velocity averaged over {window_s:g} s, once settled: {result.window_error:.3f} m/s"
+    window = [averaged] if window_s else []
     return "\n".join(
         [
             f"command error {result.command_error:.3f} m/s, "
             f"yaw-rate error {result.yaw_rate_error:.3f} rad/s (every step)",
+            f"  of the command error, {result.transient_part:.3f} m/s within {settle_s:g} s of a change "
+            f"({result.start_part:.3f} after episode starts)",
             f"  {settle_s:g} s after a command change: {result.settled_command_error:.3f} m/s, "
             f"{result.settled_yaw_rate_error:.3f} rad/s",
+            *window,
             f"  over {result.stretches} steady stretches: bias {result.bias:.3f} m/s, "
             f"oscillation {result.oscillation:.3f} m/s; yaw bias {result.yaw_bias:.3f} rad/s, "
             f"yaw oscillation {result.yaw_oscillation:.3f} rad/s",
@@ -168,9 +209,12 @@ def main() -> None:
     parser.add_argument("--episodes", type=int, default=64)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--settle-s", type=float, default=1.0, help="seconds after a command change left out")
+    parser.add_argument(
+        "--window-s", type=float, default=0.0, help="also the error of the velocity averaged over this many seconds"
+    )
     args = parser.parse_args()
-    if args.episodes < 1 or args.settle_s <= 0:
-        parser.error("--episodes must be >= 1 and --settle-s > 0")
+    if args.episodes < 1 or args.settle_s <= 0 or args.window_s < 0:
+        parser.error("--episodes must be >= 1, --settle-s > 0 and --window-s >= 0")
     try:
         task = build_task(args.task, args.checkpoint, args.settings)
     except ValueError as error:
@@ -179,7 +223,9 @@ def main() -> None:
         parser.error(f"{args.task} has no velocity command (get_command returns no VelocityCommand): nothing to track")
     shared = task.checkpoints.load(args.checkpoint)["shared"]
     settle_steps = max(1, round(args.settle_s / task.config.ctrl_dt))
-    print(report(breakdown(record(task, shared, args.episodes, args.seed), settle_steps), args.settle_s))
+    window_steps = round(args.window_s / task.config.ctrl_dt)
+    result = breakdown(record(task, shared, args.episodes, args.seed), settle_steps, window_steps)
+    print(report(result, args.settle_s, args.window_s))
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ import types
 import numpy as np
 import pytest
 
-from benchmarks.tracking_breakdown import Trace, breakdown, build_task, steps_since_change
+from benchmarks.tracking_breakdown import Trace, breakdown, build_task, centred_mean, steps_since_change
 
 
 def test_steps_since_change_restart_at_every_new_command() -> None:
@@ -30,6 +30,27 @@ def test_a_policy_at_80_percent_with_a_sway_is_split_into_gain_bias_and_oscillat
     assert result.yaw_bias == pytest.approx(np.mean([0.1, 0.2]))
     assert result.yaw_oscillation == pytest.approx(0.1)
     assert result.command_error > result.settled_command_error  # the transient counts only in the first
+    error = np.linalg.norm(achieved[:, 0, :2] - command[:, 0, :2], axis=-1)
+    first_seconds = np.r_[0:settle, steps // 2 : steps // 2 + settle]
+    assert result.transient_part == pytest.approx(error[first_seconds].sum() / steps)
+    assert result.start_part == pytest.approx(settle * 1.0 / steps)  # standing still, told 1 m/s forward
+    assert np.isnan(result.window_error)  # no window asked for
+
+
+def test_a_window_of_one_sway_period_leaves_only_the_bias() -> None:
+    steps, settle = 200, 20
+    command = np.repeat(np.array([[1.0, 0.0, 0.0], [0.0, -0.5, 0.0]]), steps // 2, axis=0)[:, None, :]
+    sway = np.where(np.arange(steps) % 2 == 0, 0.1, -0.1)[:, None, None]
+    achieved = 0.8 * command + sway
+    result = breakdown(Trace(achieved, command, np.ones((steps, 1), bool)), settle, window_steps=2)
+    assert result.window_error == pytest.approx(np.mean([0.2, 0.1]))  # equal settled steps on each command
+    assert result.settled_command_error > result.window_error
+
+
+def test_centred_mean_averages_around_each_step_and_leaves_the_ends_empty() -> None:
+    means = centred_mean(np.arange(6, dtype=float)[:, None], 3)[:, 0]
+    assert np.isnan(means[[0, 5]]).all()
+    assert means[1:5].tolist() == [1.0, 2.0, 3.0, 4.0]
 
 
 def test_steps_after_an_episode_ended_are_left_out() -> None:
