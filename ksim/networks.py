@@ -34,24 +34,40 @@ class MLP(nn.Module):
 
 
 class ActorCritic(nn.Module):
-    """`__call__(obs) -> (action_mean, action_log_std, value)`; params are a plain dict pytree."""
+    """`__call__(obs) -> (action_mean, action_log_std, value)`; params are a plain dict pytree.
+
+    With `estimate_size > 0`, an estimator MLP predicts that many values from the actor's input and the actor
+    reads them beside it (concurrent state estimation); only the estimator's own regression loss trains it.
+    """
 
     action_dim: int
     actor_hidden: Sequence[int] = (256, 256)
     critic_hidden: Sequence[int] = (256, 256)
     init_log_std: float = -0.5
+    estimate_size: int = 0
+    estimator_hidden: Sequence[int] = (64, 64)
 
     def setup(self) -> None:
         # A small final actor layer starts the policy near the default pose / zero torque.
         self.actor = MLP(self.actor_hidden, self.action_dim, out_scale=0.01)
         self.critic = MLP(self.critic_hidden, 1, out_scale=1.0)
         self.log_std = self.param("log_std", nn.initializers.constant(self.init_log_std), (self.action_dim,))
+        if self.estimate_size:
+            self.estimator = MLP(self.estimator_hidden, self.estimate_size)
 
     def __call__(self, obs: Array, critic_obs: Array | None = None) -> tuple[Array, Array, Array]:
         return (*self.policy(obs), self.value(obs if critic_obs is None else critic_obs))
 
+    def estimate(self, obs: Array) -> Array:
+        """The estimator's prediction from the actor's input (`estimate_size` values)."""
+        return self.estimator(obs)
+
     def policy(self, obs: Array) -> tuple[Array, Array]:
-        return self.actor(obs), jnp.broadcast_to(self.log_std, (*obs.shape[:-1], self.action_dim))
+        actor_input = obs
+        if self.estimate_size:
+            # The policy gradient stops at the estimate: the estimator learns what it is told to predict.
+            actor_input = jnp.concatenate([obs, jax.lax.stop_gradient(self.estimate(obs))], axis=-1)
+        return self.actor(actor_input), jnp.broadcast_to(self.log_std, (*obs.shape[:-1], self.action_dim))
 
     def value(self, obs: Array) -> Array:
         return self.critic(obs)[..., 0]

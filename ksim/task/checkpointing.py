@@ -71,7 +71,7 @@ def checkpoint_metadata(
     actions: dict[str, Any],
     physics_impl: str,
     critic_layout: list[tuple[str, int]] | None = None,
-    memory: dict[str, int] | None = None,
+    memory: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """What a checkpoint says about its writer; loading compares the task, the layouts and the policy's
     memory. `critic_layout`: the critic's own observations (None: it reads the actor's)."""
@@ -91,7 +91,7 @@ def checkpoint_metadata(
 
 
 def task_metadata(
-    task_name: str, task_type: type, config: RLConfig, environment: Environment, memory: dict[str, int]
+    task_name: str, task_type: type, config: RLConfig, environment: Environment, memory: dict[str, Any]
 ) -> dict[str, Any]:
     """`checkpoint_metadata` of a task whose envs are `environment`."""
     engine = environment.engine

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
@@ -90,6 +92,17 @@ class PPOConfig(RLConfig):
         "each input against the mirror image of the action (0: off). Needs a symmetric robot, a mirror for every "
         "actor observation (ksim.mirror) and a memoryless policy.",
     )
+    estimated_observations: list[str] = xax.field(
+        lambda: [],
+        help="Critic observations, by name (e.g. BaseLinearVelocity), that an estimator network predicts from the "
+        "actor's input; the actor reads the estimates beside its input, and only a regression on the critic's "
+        "values trains the estimator (concurrent state estimation: a velocity estimate for a robot that cannot "
+        "measure its velocity). Exported with the policy. Needs critic observations and a memoryless policy.",
+    )
+    estimator_hidden: list[int] = xax.field(lambda: [64, 64], help="The estimator's MLP hidden sizes.")
+    estimator_coef: float = xax.field(
+        1.0, help="Weight of the estimator's mean squared error (on the normalised critic values) in the loss."
+    )
 
 
 PPOConfigT = TypeVar("PPOConfigT", bound=PPOConfig)
@@ -138,6 +151,13 @@ class PPOTask(RLTask[PPOConfigT]):
         require_non_negative(
             config, "max_grad_norm", "value_clip_eps", "entropy_coef", "value_coef", "recurrent_size", "symmetry_coef"
         )
+        if config.estimated_observations:
+            require_positive(config, "estimator_coef")
+            if config.recurrent_size > 0:
+                raise ConfigError(
+                    f"estimated_observations={config.estimated_observations} needs a memoryless policy "
+                    f"(recurrent_size={config.recurrent_size}); a GRU can estimate for itself"
+                )
         if config.symmetry_coef > 0 and config.recurrent_size > 0:
             raise ConfigError(
                 f"symmetry_coef={config.symmetry_coef} needs a memoryless policy (recurrent_size="
@@ -157,8 +177,19 @@ class PPOTask(RLTask[PPOConfigT]):
             self.config.observation_history, self.config.recurrent_size, self.environment.observation_dim
         )
 
-    def memory_settings(self) -> dict[str, int]:
-        return {"observation_history": self.config.observation_history, "recurrent_size": self.config.recurrent_size}
+    def memory_settings(self) -> dict[str, Any]:
+        config = self.config
+        return {
+            "observation_history": config.observation_history,
+            "recurrent_size": config.recurrent_size,
+            "estimated_observations": list(config.estimated_observations),
+        }
+
+    @functools.cached_property
+    def estimate_index(self) -> tuple[int, ...]:
+        """Where the estimated observations' values sit in the critic's input (empty without an estimator)."""
+        names = self.config.estimated_observations
+        return critic_entries(self.environment.critic_observation_layout(), names) if names else ()
 
     def get_model(self) -> nn.Module:
         config = self.config
@@ -167,7 +198,14 @@ class PPOTask(RLTask[PPOConfigT]):
             return RecurrentActorCritic(
                 self.engine.action_dim, config.recurrent_size, actor_hidden, critic_hidden, config.init_log_std
             )
-        return ActorCritic(self.engine.action_dim, actor_hidden, critic_hidden, config.init_log_std)
+        return ActorCritic(
+            self.engine.action_dim,
+            actor_hidden,
+            critic_hidden,
+            config.init_log_std,
+            len(self.estimate_index),
+            tuple(config.estimator_hidden),
+        )
 
     def init_params(self, rng: Array) -> Any:
         obs = jnp.zeros((1, self.memory.input_size))
@@ -325,7 +363,8 @@ class PPOTask(RLTask[PPOConfigT]):
         adaptive = self.adapts_learning_rate
         obs = self.normalize_obs(shared, trajectory.obs)
         own_critic_obs = self.critic_observations is not None
-        mirror = self.mirror
+        critic_obs = self.critic_input(shared, trajectory.critic_obs, obs) if own_critic_obs else None
+        mirror, estimated = self.mirror, jnp.asarray(self.estimate_index, jnp.int32)
         batch = PPOBatch(
             obs=obs,
             action=trajectory.action,
@@ -333,12 +372,13 @@ class PPOTask(RLTask[PPOConfigT]):
             value=value,
             advantage=advantage,
             returns=returns,
-            critic_obs=self.critic_input(shared, trajectory.critic_obs, obs) if own_critic_obs else None,
+            critic_obs=critic_obs,
             starts=episode_starts(done) if self.recurrent else None,
             mean=mean if adaptive else None,
             log_std=log_std if adaptive else None,
             mirror_obs=None if mirror is None else self.normalize_obs(shared, mirror.observation(trajectory.obs)),
             mirror_target=None if mirror is None else mirror.action(mean),
+            estimate_target=critic_obs[..., estimated] if self.estimate_index and critic_obs is not None else None,
         )
         batch = jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), batch)
         return batch.replace(carry=trajectory.carry[0] if self.recurrent else None)
@@ -379,3 +419,23 @@ class PPOTask(RLTask[PPOConfigT]):
         metrics["value_mean"] = jnp.mean(batch.value)
         self.debug_print("update", {k: metrics[k] for k in ("loss", "local_grad_norm", "approx_kl")})
         return shared.replace(params=params, opt_state=opt_state), self.cross_device_mean(metrics)
+
+
+def critic_entries(layout: list[tuple[str, int]] | None, names: Sequence[str]) -> tuple[int, ...]:
+    """The critic input's entries of the observations `names`, in that order; ConfigError naming any that the
+    critic does not observe."""
+    if layout is None:
+        raise ConfigError(
+            f"estimated_observations={list(names)} needs critic observations (get_critic_observations returns None)"
+        )
+    entries, start = {}, 0
+    for name, size in layout:
+        entries[name], start = range(start, start + size), start + size
+    for name in names:
+        if name not in entries:
+            raise ConfigError(
+                f"estimated_observations: {name!r} is not a critic observation (they are {', '.join(entries)})"
+            )
+    if len(set(names)) < len(names):
+        raise ConfigError(f"estimated_observations={list(names)} names an observation twice")
+    return tuple(index for name in names for index in entries[name])

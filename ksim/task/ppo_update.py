@@ -30,6 +30,7 @@ class LossSettings(Protocol):
     value_coef: float
     entropy_coef: float
     symmetry_coef: float
+    estimator_coef: float
 
 
 class PPOBatch(struct.PyTreeNode):
@@ -48,6 +49,7 @@ class PPOBatch(struct.PyTreeNode):
     log_std: Array | None = None
     mirror_obs: Array | None = None  # the symmetry loss: the normalised mirror image of the actor's raw input
     mirror_target: Array | None = None  # and the mirror image of the rollout policy's action mean
+    estimate_target: Array | None = None  # the estimator's targets: the estimated critic observations, normalised
 
 
 def compute_gae(
@@ -97,7 +99,7 @@ def ppo_loss(
     model: nn.Module, params: Any, batch: PPOBatch, config: LossSettings, advantage: Array
 ) -> tuple[Array, Metrics]:
     """Clipped surrogate + clipped value loss - entropy bonus (+ the symmetry loss where the batch has mirror
-    images), on one minibatch."""
+    images, + the estimator's mean squared error where it has estimate targets), on one minibatch."""
     mean, log_std, value = network_outputs(model, params, batch)
     log_ratio = gaussian_log_prob(batch.action, mean, log_std) - batch.log_prob
     ratio = jnp.exp(log_ratio)
@@ -125,6 +127,12 @@ def ppo_loss(
         symmetry = symmetry_loss(model, params, batch.mirror_obs, batch.mirror_target)
         metrics["symmetry_loss"] = symmetry
         loss = loss + config.symmetry_coef * symmetry
+        metrics["loss"] = loss
+    if batch.estimate_target is not None:
+        estimate = cast(Array, model.apply(params, batch.obs, method="estimate"))
+        estimator_loss = jnp.mean(jnp.square(estimate - batch.estimate_target))
+        metrics["estimator_loss"] = estimator_loss
+        loss = loss + config.estimator_coef * estimator_loss
         metrics["loss"] = loss
     return loss, metrics
 

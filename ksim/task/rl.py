@@ -24,6 +24,7 @@ import mujoco
 import optax
 
 from ksim.actuators import Actuators
+from ksim.checkpoint import MEMORYLESS
 from ksim.commands import Command
 from ksim.config import ConfigError, require_choice, require_divisible, require_non_negative, require_positive
 from ksim.engine import PhysicsEngine, substeps_divide
@@ -214,9 +215,10 @@ class RLTask(ABC, Generic[ConfigT]):
     def update_shard(self, shared: SharedState, trajectory: Trajectory, rng: Array) -> tuple[SharedState, Metrics]:
         """The learning update from one shard's rollout (the RL algorithm); metrics reduced over shards."""
 
-    def memory_settings(self) -> dict[str, int]:
-        """What the policy remembers (ksim.task.memory): its observation_history and recurrent_size."""
-        return {"observation_history": 1, "recurrent_size": 0}
+    def memory_settings(self) -> dict[str, Any]:
+        """What shapes the policy's network beyond its layers: its memory (ksim.task.memory: observation_history,
+        recurrent_size) and what it estimates (estimated_observations); a checkpoint must match them."""
+        return dict(MEMORYLESS)
 
     # ----- configuration ---------------------------------------------------------------------------------
 
