@@ -213,15 +213,19 @@ def main() -> None:
         "--window-s", type=float, default=0.0, help="also the error of the velocity averaged over this many seconds"
     )
     args = parser.parse_args()
-    if args.episodes < 1 or args.settle_s <= 0 or args.window_s < 0:
-        parser.error("--episodes must be >= 1, --settle-s > 0 and --window-s >= 0")
+    if args.episodes < 1:
+        parser.error(f"--episodes={args.episodes} must be >= 1")
+    if args.settle_s <= 0:
+        parser.error(f"--settle-s={args.settle_s:g} must be > 0")
+    if args.window_s < 0:
+        parser.error(f"--window-s={args.window_s:g} must be >= 0")
     try:
         task = build_task(args.task, args.checkpoint, args.settings)
     except ValueError as error:
         parser.error(str(error))
     if not tracks_velocity(task.environment.components.command):
         parser.error(f"{args.task} has no velocity command (get_command returns no VelocityCommand): nothing to track")
-    shared = task.checkpoints.load(args.checkpoint)["shared"]
+    shared = task.checkpoints.load(args.checkpoint)["shared"].deployed()
     settle_steps = max(1, round(args.settle_s / task.config.ctrl_dt))
     window_steps = round(args.window_s / task.config.ctrl_dt)
     result = breakdown(record(task, shared, args.episodes, args.seed), settle_steps, window_steps)

@@ -10,7 +10,7 @@ import json
 import os
 import re
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -197,16 +197,22 @@ def with_unset_fields(expected: Any, loaded: Any) -> Any:
 
 
 def load_checkpoint(
-    path: str | Path, target: Any, expected_metadata: dict[str, Any] | None = None, allow_mismatch: bool = False
+    path: str | Path,
+    target: Any,
+    expected_metadata: dict[str, Any] | None = None,
+    allow_mismatch: bool = False,
+    adapt: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
 ) -> Any:
     """Reads a checkpoint into the structure of `target`; ConfigError if it was written for something else.
 
     With `expected_metadata`, the checkpoint's metadata must match it (unless `allow_mismatch`); shapes must
-    always match.
+    always match. `adapt` may fill in or leave out optional parts of the state dict before the shapes are checked.
     """
     state_dict, metadata = read_checkpoint(path)
     if expected_metadata is not None:
         check_metadata(path, metadata, expected_metadata, allow_mismatch)
+    if adapt is not None:
+        state_dict = adapt(state_dict)
     target = jax.device_get(target)
     expected = serialization.to_state_dict(target)
     state_dict = with_unset_fields(expected, state_dict)

@@ -7,7 +7,7 @@ import types
 import numpy as np
 import pytest
 
-from benchmarks.tracking_breakdown import Trace, breakdown, build_task, centred_mean, steps_since_change
+from benchmarks.tracking_breakdown import Trace, breakdown, build_task, centred_mean, main, steps_since_change
 
 
 def test_steps_since_change_restart_at_every_new_command() -> None:
@@ -94,3 +94,22 @@ def test_the_runs_settings_reach_the_task_and_a_bad_one_is_refused_in_one_line(
         build_task("fake_task_module:FakeTask", "ckpt.bin", ["gait=0.6"])
     with pytest.raises(ValueError, match="gait_period_s=fast is not valid"):
         build_task("fake_task_module:FakeTask", "ckpt.bin", ["gait_period_s=fast"])
+
+
+@pytest.mark.parametrize(
+    ("option", "message"),
+    [
+        ("--episodes=0", "--episodes=0 must be >= 1"),
+        ("--settle-s=0", "--settle-s=0 must be > 0"),
+        ("--window-s=-0.6", "--window-s=-0.6 must be >= 0"),
+    ],
+)
+def test_a_bad_option_is_refused_in_one_line_before_anything_is_built(
+    option: str, message: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(sys, "argv", ["tracking_breakdown", "no_such_module:Task", "ckpt.bin", option])
+    with pytest.raises(SystemExit) as exit_info:
+        main()
+    assert exit_info.value.code == 2
+    error_lines = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
+    assert len(error_lines) == 1 and error_lines[0].endswith(message)

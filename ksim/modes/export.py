@@ -104,7 +104,7 @@ def run(task: RLTask[Any]) -> Path:
     checkpoint = task.config.load_from_ckpt_path
     robot = robot_side(task)
     note = simulator_inputs_line(robot, task.config.robot_inputs_only)
-    shared = jax.device_get(task.checkpoints.load(checkpoint)["shared"])
+    shared = jax.device_get(task.checkpoints.load(checkpoint)["shared"]).deployed()
     doc = (type(task.actuators).__doc__ or "").strip().splitlines()
     onnx_path, json_path = export_policy(
         deterministic_step(task, shared),

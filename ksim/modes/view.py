@@ -23,7 +23,7 @@ def check(config: RLConfig) -> None:
 def view_shared(task: RLTask[Any]) -> SharedState:
     """The policy shown: the checkpoint's (refused as mode=eval refuses it), else the initial one."""
     if task.config.load_from_ckpt_path:
-        return task.checkpoints.load(task.config.load_from_ckpt_path)["shared"]
+        return task.checkpoints.load(task.config.load_from_ckpt_path)["shared"].deployed()
     return jax.device_get(task.init_shared(jax.random.split(jax.random.PRNGKey(task.config.seed), 3)[0]))
 
 

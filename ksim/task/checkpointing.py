@@ -135,11 +135,25 @@ def load_run_checkpoint(
     """A checkpoint's contents; ConfigError if another task or observation layout wrote it (unless
     `allow_mismatch`) or if its shapes differ from `shared_template`'s."""
     target = checkpoint_contents(shared_template, jax.random.PRNGKey(0), 0, 0)
-    contents = load_checkpoint(path, target, metadata, allow_mismatch)
+    adapt = functools.partial(conform_average, keeps_average=shared_template.average_params is not None)
+    contents = load_checkpoint(path, target, metadata, allow_mismatch, adapt)
     note = physics_impl_note(load_metadata(path), metadata)
     if note:
         print(note, flush=True)
     return contents
+
+
+def conform_average(state_dict: dict[str, Any], keeps_average: bool) -> dict[str, Any]:
+    """A checkpoint's state as the task keeps it: a parameter average started at the checkpoint's parameters
+    where it kept none, and none where the task keeps none (policy_average_decay=0 evaluates the latest)."""
+    shared = state_dict.get("shared")
+    if not isinstance(shared, dict):
+        return state_dict
+    if keeps_average and shared.get("average_params") is None:
+        shared = {**shared, "average_params": shared.get("params")}
+    elif not keeps_average:
+        shared = {key: value for key, value in shared.items() if key != "average_params"}
+    return {**state_dict, "shared": shared}
 
 
 def physics_impl_note(found: dict[str, Any] | None, expected: dict[str, Any]) -> str | None:

@@ -222,11 +222,13 @@ class DistributedRLTask(RLTask[DistributedConfigT]):
     @functools.cached_property
     def _average_shared_program(self) -> Program:
         def average(state: TrainState) -> TrainState:
-            mean = jax.tree.map(
+            shared = state.shared
+            params, opt_state, average_params = jax.tree.map(
                 lambda x: jax.lax.pmean(x, self.axis_name) if np.issubdtype(x.dtype, np.floating) else x,
-                (state.shared.params, state.shared.opt_state),
+                (shared.params, shared.opt_state, shared.average_params),
             )
-            return state.replace(shared=state.shared.replace(params=mean[0], opt_state=mean[1]))
+            shared = shared.replace(params=params, opt_state=opt_state, average_params=average_params)
+            return state.replace(shared=shared)
 
         return self.compile(average, donate_argnums=(0,))
 

@@ -114,7 +114,8 @@ class RLTask(ABC, Generic[ConfigT]):
 
         def init_shared(rng: Array) -> SharedState:
             dims = (self.environment.observation_dim, self.environment.critic_observation_dim)
-            return SharedState.initial(self.init_params(rng), self.optimizer, *dims, config.normalize_returns)
+            average = config.policy_average_decay > 0
+            return SharedState.initial(self.init_params(rng), self.optimizer, *dims, config.normalize_returns, average)
 
         self._init_shared = jax.jit(init_shared)
         self.checkpoints = RunCheckpoints(
@@ -230,6 +231,8 @@ class RLTask(ABC, Generic[ConfigT]):
         require_positive(config, "ctrl_dt", "dt", "eval_episodes", "log_every_n_steps", "video_width", "video_height")
         require_non_negative(config, "save_every_n_steps", "eval_every_n_steps", "watchdog_timeout_s")
         require_non_negative(config, "keep_last_n_checkpoints", "action_delay_steps")
+        if not 0.0 <= config.policy_average_decay < 1.0:
+            raise ConfigError(f"policy_average_decay={config.policy_average_decay} must be in [0, 1)")
         if (config.episode_length_s is None) == (config.episode_length_steps is None):
             raise ConfigError(
                 f"set exactly one of episode_length_s={config.episode_length_s} and "
@@ -333,6 +336,7 @@ class RLTask(ABC, Generic[ConfigT]):
             )
             shared, trajectory = shared.replace(return_normalizer=returns), trajectory.replace(reward=reward)
         shared, update_metrics = self.update_shard(shared, trajectory, update_key)
+        shared = shared.averaged(self.config.policy_average_decay)
         if self.config.normalize_observations:
             # The newest frame of each observation; the critic's own observations with their own statistics.
             newest = trajectory.obs[..., trajectory.obs.shape[-1] - self.environment.observation_dim :]
@@ -369,7 +373,7 @@ class RLTask(ABC, Generic[ConfigT]):
         qpos per control step."""
         precompiled_shape = num_episodes in (None, self.config.eval_episodes)
         program = self.programs.get("eval", self.evaluator.program) if precompiled_shape else None
-        return self.evaluator.run(shared, num_episodes, seed, program, level)
+        return self.evaluator.run(shared.deployed(), num_episodes, seed, program, level)
 
     def run(self) -> Any:
         """Runs the configured mode on this task (ksim.modes: train, eval, export or view)."""

@@ -62,6 +62,11 @@ class RLConfig:
         help="Divide rewards in the update by the running std of each env's discounted return, clipped to +-10 "
         "(Gymnasium's NormalizeReward, Stable-Baselines3's VecNormalize); logged returns stay raw.",
     )
+    policy_average_decay: float = xax.field(
+        0.0,
+        help="Evaluate, export and view a moving average of the parameters (Polyak averaging), updated after every "
+        "train step with this decay (0.995: about the last 200 train steps); 0: the latest parameters.",
+    )
     log_every_n_steps: int = xax.field(1, help="Print and record metrics every N train steps.")
     save_every_n_steps: int = xax.field(100, help="Write a checkpoint every N train steps (0: only at the end).")
     eval_every_n_steps: int = xax.field(0, help="Evaluate the deterministic policy every N train steps (0: never).")
@@ -207,13 +212,15 @@ class EnvState(struct.PyTreeNode):
 
 class SharedState(struct.PyTreeNode):
     """What every env shares: the learner's parameters, optimizer state and observation statistics (the
-    actor's, and the critic's own when it has a critic group; of size 0 without)."""
+    actor's, and the critic's own when it has a critic group; of size 0 without), and with
+    policy_average_decay > 0 the parameters' moving average."""
 
     params: Any
     opt_state: Any
     normalizer: Normalizer
     critic_normalizer: Normalizer
     return_normalizer: Normalizer | None = None  # normalize_returns: the discounted return's statistics
+    average_params: Any = None  # policy_average_decay > 0: what is evaluated, exported and viewed
 
     @classmethod
     def initial(
@@ -223,15 +230,27 @@ class SharedState(struct.PyTreeNode):
         observation_dim: int,
         critic_observation_dim: int,
         normalize_returns: bool,
+        average_params: bool = False,
     ) -> SharedState:
-        """New shared state: `params`, their optimizer state and empty statistics."""
+        """New shared state: `params`, their optimizer state and empty statistics (an average starts at `params`)."""
         return cls(
             params=params,
             opt_state=optimizer.init(params),
             normalizer=Normalizer.create(observation_dim),
             critic_normalizer=Normalizer.create(critic_observation_dim),
             return_normalizer=Normalizer.create(1) if normalize_returns else None,
+            average_params=params if average_params else None,
         )
+
+    def deployed(self) -> SharedState:
+        """The state a robot's policy is taken from: the averaged parameters in place of the latest, if kept."""
+        return self if self.average_params is None else self.replace(params=self.average_params)
+
+    def averaged(self, decay: float) -> SharedState:
+        """One train step of the parameters' moving average (unchanged when none is kept)."""
+        if self.average_params is None:
+            return self
+        return self.replace(average_params=optax.incremental_update(self.params, self.average_params, 1.0 - decay))
 
 
 class TrainState(struct.PyTreeNode):
