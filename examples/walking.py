@@ -167,8 +167,9 @@ GPU_CONFIG = WalkingConfig(
 # clip of 0.2 held back) stop the evaluations swinging between falling and walking. What remained was the mean
 # action alternating between a walk and a shuffle in place while the noisy policy walked: a gait-clock reward of
 # 2 (from 0.5) makes stepping pay on its own, less policy noise (init_log_std -1, no entropy bonus) leaves less
-# of the gait to the noise, and annealing the KL target to 0 over the run lets the policy settle
-# (docs/training.md).
+# of the gait to the noise, and annealing the KL target to 0 over the run lets the policy settle. Even then the
+# mean action flipped between the two gaits from one update to the next; evaluating the parameters' moving
+# average over about the last 200 train steps (policy_average_decay) holds it (docs/training.md).
 CPU_CONFIG = replace(
     GPU_CONFIG,
     preset="cpu",
@@ -180,6 +181,7 @@ CPU_CONFIG = replace(
     learning_rate=1e-3,
     learning_rate_schedule="adaptive_annealed",
     normalize_returns=True,
+    policy_average_decay=0.995,
     gait_reward_scale=2.0,
     entropy_coef=0.0,
     init_log_std=-1.0,
