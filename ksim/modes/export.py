@@ -29,7 +29,8 @@ def check(config: RLConfig) -> None:
 
 
 def deterministic_step(task: RLTask[Any], shared: SharedState) -> Callable[..., tuple[Array, ...]]:
-    """The exported policy: (observations, *memory) -> (actions, *next memory), a batch of robots.
+    """The exported policy: (observations, *memory) -> (actions, *next memory), a batch of robots, acting with
+    `shared`'s deployed parameters (the moving average where one is kept).
 
     The memory inputs are the actor's GRU state (recurrent_size > 0) and the past observation frames
     (observation_history > 1); the ONNX file takes and returns them in that order (ksim.export).
@@ -38,6 +39,7 @@ def deterministic_step(task: RLTask[Any], shared: SharedState) -> Callable[..., 
     recurrent, history = memory["recurrent_size"] > 0, memory["observation_history"] > 1
     observation_dim, critic_dim = task.environment.observation_dim, task.environment.critic_observation_dim
     key = jax.random.PRNGKey(0)  # unused by the deterministic policy
+    shared = shared.deployed()
 
     def step(obs: Array, *memory_inputs: Array) -> tuple[Array, ...]:
         inputs, batch = list(memory_inputs), obs.shape[0]
@@ -104,7 +106,7 @@ def run(task: RLTask[Any]) -> Path:
     checkpoint = task.config.load_from_ckpt_path
     robot = robot_side(task)
     note = simulator_inputs_line(robot, task.config.robot_inputs_only)
-    shared = jax.device_get(task.checkpoints.load(checkpoint)["shared"]).deployed()
+    shared = jax.device_get(task.checkpoints.load(checkpoint)["shared"])
     doc = (type(task.actuators).__doc__ or "").strip().splitlines()
     onnx_path, json_path = export_policy(
         deterministic_step(task, shared),
