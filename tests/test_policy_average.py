@@ -14,6 +14,7 @@ from test_distributed import relative_error
 
 from ksim.checkpoint import save_checkpoint
 from ksim.config import ConfigError
+from ksim.modes.view import view_shared
 from ksim.task.checkpointing import checkpoint_contents
 from ksim.task.types import SharedState, TrainState
 
@@ -108,6 +109,12 @@ def test_the_export_is_the_averaged_policy(averaging: tuple, checkpoint: Path, t
     (onnx_actions,) = session.run(None, {session.get_inputs()[0].name: observations})
     np.testing.assert_allclose(onnx_actions, np.asarray(averaged), atol=1e-5, rtol=0)
     assert np.abs(onnx_actions - np.asarray(latest)).max() > 1e-4
+
+
+def test_the_viewer_shows_the_average(averaging: tuple, checkpoint: Path) -> None:
+    _, state, _ = averaging
+    viewer = MemoryTask(memory_config(policy_average_decay=DECAY, mode="view", load_from_ckpt_path=str(checkpoint)))
+    assert relative_error(view_shared(viewer).params, host(state.shared).average_params) == 0.0
 
 
 def test_a_checkpoint_loads_with_or_without_an_average(averaging: tuple, checkpoint: Path, tmp_path: Path) -> None:
