@@ -64,7 +64,7 @@ import importlib.util
 import math
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Self
@@ -437,6 +437,9 @@ class RunResult:
     evaluations: dict[int, EvalResult]
     wall_s: float
     updates: dict[int, dict[str, float]] = dataclasses.field(default_factory=dict)  # UPDATE_METRICS before each
+    # With policy_average_decay > 0 `evaluations` run the parameters' average (what a robot gets) and `latest` the
+    # latest parameters, side by side: the average does not change training, so one run shows what it is worth.
+    latest: dict[int, EvalResult] = dataclasses.field(default_factory=dict)
 
 
 # What --log-updates prints beside each evaluation: the train steps' means since the previous evaluation.
@@ -444,41 +447,53 @@ UPDATE_METRICS = ("entropy", "approx_kl", "clip_fraction", "local_grad_norm", "l
 
 
 def train_and_evaluate(
-    task_class: type[GymnasiumTask], seed: int, env_steps: int, eval_at: Sequence[int], **overrides: Any
+    task_class: type[GymnasiumTask],
+    seed: int,
+    env_steps: int,
+    eval_at: Sequence[int],
+    log: Callable[[str], None] | None = None,
+    **overrides: Any,
 ) -> tuple[RunResult, GymnasiumTask, Any]:
     """Trains for `env_steps` env steps (whole train steps) and evaluates after the first train step that reaches
-    each of `eval_at`. Returns the run's result (its wall time counts everything: building, compiling, evaluating),
-    the task and the trained shared state."""
+    each of `eval_at` (passing each evaluation's `update_line` to `log` as it is made). Returns the run's result
+    (its wall time counts everything: building, compiling, evaluating), the task and the trained shared state."""
     start = time.perf_counter()
     config = task_config(task_class, seed=seed, **overrides)
     num_steps = max(1, math.ceil(env_steps / (config.num_envs * config.rollout_length_frames)))
     task = task_class(dataclasses.replace(config, num_steps=num_steps))  # the learning rate anneals over num_steps
     state = task.init_train_state()
-    due, evaluations, updates = sorted(set(eval_at)), {}, {}
-    since_evaluation: list[dict[str, Array]] = []
+    run = RunResult(task_class.gymnasium_id, seed, {}, 0.0)
+    due, since_evaluation = sorted(set(eval_at)), []
     for step in range(1, num_steps + 1):
         state, metrics = task.train_step(state)
         state = task.after_train_step(state, step)
         since_evaluation.append({name: metrics[name] for name in UPDATE_METRICS if name in metrics})
         trained = step * task.env_steps_per_train_step
         if due and (trained >= due[0] or step == num_steps):
-            evaluations[trained] = task.evaluate(task.fetch_replicated(state.shared))
+            shared = task.fetch_replicated(state.shared)
+            run.evaluations[trained] = task.evaluate(shared)
+            if shared.average_params is not None:
+                run.latest[trained] = task.evaluate(shared.replace(average_params=shared.params))
             means = jax.tree.map(lambda *values: float(np.mean(values)), *jax.device_get(since_evaluation))
-            updates[trained], since_evaluation = means, []
+            run.updates[trained], since_evaluation = means, []
             due = [count for count in due if count > trained]
+            if log is not None:
+                log(update_line(run, trained))
     shared = jax.block_until_ready(task.fetch_replicated(state.shared))
-    run = RunResult(task_class.gymnasium_id, seed, evaluations, time.perf_counter() - start, updates)
+    run.wall_s = time.perf_counter() - start
     return run, task, shared
 
 
-def update_lines(run: RunResult) -> list[str]:
-    """One line per evaluation: its return and falls, and the means of the updates since the previous one."""
-    lines = []
-    for steps, result in sorted(run.evaluations.items()):
-        means = " ".join(f"{name} {value:.4g}" for name, value in run.updates.get(steps, {}).items())
-        falls = f"{int(np.sum(result.fell))}/{len(result.returns)}"
-        lines.append(f"  {steps:,} env steps: return {np.mean(result.returns):.1f} ({falls} fell) | {means}")
-    return lines
+def return_and_falls(result: EvalResult) -> str:
+    return f"return {np.mean(result.returns):.1f} ({int(np.sum(result.fell))}/{len(result.returns)} fell)"
+
+
+def update_line(run: RunResult, steps: int) -> str:
+    """The evaluation after `steps` env steps (and the latest parameters' beside it, if the run keeps an average),
+    then the means of the updates since the previous evaluation."""
+    means = " ".join(f"{name} {value:.4g}" for name, value in run.updates.get(steps, {}).items())
+    latest = f" | latest parameters: {return_and_falls(run.latest[steps])}" if steps in run.latest else ""
+    return f"  {steps:,} env steps: {return_and_falls(run.evaluations[steps])}{latest} | {means}"
 
 
 def gymnasium_returns(task: GymnasiumTask, shared: Any, episodes: int, seed: int) -> list[float]:
@@ -553,9 +568,10 @@ class Stability:
     worst_fall_rate: float
 
 
-def stability(run: RunResult, last: int = LAST_EVALUATIONS) -> Stability | None:
-    """How stable the run's last `last` evaluations are; None when it has fewer."""
-    evaluations = [run.evaluations[steps] for steps in sorted(run.evaluations)[-last:]]
+def stability(by_steps: Mapping[int, EvalResult], last: int = LAST_EVALUATIONS) -> Stability | None:
+    """How stable a run's last `last` evaluations are (`by_steps`: its evaluations by env steps); None when it has
+    fewer."""
+    evaluations = [by_steps[steps] for steps in sorted(by_steps)[-last:]]
     if len(evaluations) < last:
         return None
     returns = [float(np.mean(evaluation.returns)) for evaluation in evaluations]
@@ -567,12 +583,27 @@ def stability(run: RunResult, last: int = LAST_EVALUATIONS) -> Stability | None:
 
 def stability_cell(runs: Sequence[RunResult]) -> str:
     """The worst spread and fall rate over the runs' last evaluations ("-" if a run has too few)."""
-    measured = [stability(run) for run in runs]
+    measured = [stability(run.evaluations) for run in runs]
     if not measured or any(entry is None for entry in measured):
         return "-"
     spread = max(entry.spread for entry in measured if entry is not None)
     falls = max(entry.worst_fall_rate for entry in measured if entry is not None)
     return f"{spread:.0%} / {falls:.2f}"
+
+
+def print_prefixed(prefix: str, line: str) -> None:
+    print(f"{prefix}{line}", flush=True)
+
+
+def run_summary(by_steps: Mapping[int, EvalResult]) -> str:
+    """A run's final evaluation and the stability of its last ones."""
+    line = f"final evaluation {np.mean(by_steps[max(by_steps)].returns):.1f}"
+    if (last := stability(by_steps)) is not None:
+        line += (
+            f", last {LAST_EVALUATIONS} evaluations {last.lowest:.1f}-{last.highest:.1f} "
+            f"(spread {last.spread:.0%}, worst fall rate {last.worst_fall_rate:.2f})"
+        )
+    return line
 
 
 def eval_points(env_steps: int, eval_at: Sequence[int], eval_every: int) -> list[int]:
@@ -664,21 +695,16 @@ def main() -> None:
     for task_id in task_names(args.tasks):
         for seed in range(args.first_seed, args.first_seed + args.seeds):
             overrides = {**settings, "eval_episodes": args.eval_episodes, "clip_actions": args.clip_actions}
-            run, task, shared = train_and_evaluate(TASKS[task_id], seed, args.env_steps, eval_at, **overrides)
+            log = functools.partial(print_prefixed, f"{task_id} seed {seed}:") if args.log_updates else None
+            run, task, shared = train_and_evaluate(TASKS[task_id], seed, args.env_steps, eval_at, log, **overrides)
             results.append(run)
-            final = run.evaluations[max(run.evaluations)]
-            line = f"{task_id} seed {seed}: {run.wall_s:.0f} s, final evaluation {np.mean(final.returns):.1f}"
-            if (last := stability(run)) is not None:
-                line += (
-                    f", last {LAST_EVALUATIONS} evaluations {last.lowest:.1f}-{last.highest:.1f} "
-                    f"(spread {last.spread:.0%}, worst fall rate {last.worst_fall_rate:.2f})"
-                )
+            line = f"{task_id} seed {seed}: {run.wall_s:.0f} s, {run_summary(run.evaluations)}"
+            if run.latest:
+                line += f"; the latest parameters: {run_summary(run.latest)}"
             if args.gymnasium_check:
                 gym_check[(task_id, seed)] = gymnasium_returns(task, shared, args.check_episodes, seed)
                 line += f", in Gymnasium's env {np.mean(gym_check[(task_id, seed)]):.1f}"
             print(line, flush=True)
-            if args.log_updates:
-                print("\n".join(update_lines(run)), flush=True)
     print()
     if settings:
         print("Settings over the preset: " + " ".join(f"{key}={value}" for key, value in settings.items()))

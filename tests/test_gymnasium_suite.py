@@ -11,7 +11,7 @@ from benchmarks.gymnasium_suite import (
     stability,
     stability_cell,
     summary_table,
-    update_lines,
+    update_line,
 )
 from ksim.config import ConfigError
 from ksim.task.evaluation import EvalResult
@@ -36,12 +36,12 @@ def test_eval_points_join_the_listed_counts_and_the_period_capped_at_the_budget(
 
 def test_stability_reads_only_the_last_five_evaluations() -> None:
     run = run_with([100, 4000, 3600, 4000, 3800, 3400], [2, 0, 1, 0, 0, 0])
-    last = stability(run)
+    last = stability(run.evaluations)
     assert last is not None
     assert (last.lowest, last.highest) == (3400, 4000)
     assert last.spread == pytest.approx(0.15)  # the first evaluation's 100 and its falls are not among them
     assert last.worst_fall_rate == 0.5
-    assert stability(run_with([1, 2, 3, 4], [0, 0, 0, 0])) is None
+    assert stability(run_with([1, 2, 3, 4], [0, 0, 0, 0]).evaluations) is None
 
 
 def test_the_summary_reports_the_worst_seed() -> None:
@@ -82,7 +82,12 @@ def test_bad_arguments_are_refused_in_one_line_before_anything_runs(
 def test_update_lines_put_each_evaluation_beside_the_updates_before_it() -> None:
     run = run_with([1000, 2000], [0, 3])
     run.updates = {1000: {"entropy": 2.5, "approx_kl": 0.0123}, 2000: {"entropy": -1.0, "approx_kl": 0.05}}
-    assert update_lines(run) == [
+    assert [update_line(run, steps) for steps in (1000, 2000)] == [
         "  1,000 env steps: return 1000.0 (0/2 fell) | entropy 2.5 approx_kl 0.0123",
         "  2,000 env steps: return 2000.0 (2/2 fell) | entropy -1 approx_kl 0.05",
     ]
+    run.latest = {2000: evaluation([500.0, 700.0], 1)}
+    assert update_line(run, 2000) == (
+        "  2,000 env steps: return 2000.0 (2/2 fell) | latest parameters: return 600.0 (1/2 fell)"
+        " | entropy -1 approx_kl 0.05"
+    )
