@@ -4,6 +4,8 @@ import numpy as np
 import pytest
 
 from benchmarks.gymnasium_suite import (
+    TASKS,
+    TUNED_5M,
     RunResult,
     eval_points,
     main,
@@ -11,6 +13,7 @@ from benchmarks.gymnasium_suite import (
     stability,
     stability_cell,
     summary_table,
+    task_settings,
     update_line,
 )
 from ksim.config import ConfigError
@@ -91,3 +94,13 @@ def test_update_lines_put_each_evaluation_beside_the_updates_before_it() -> None
         "  2,000 env steps: return 2000.0 (2/2 fell) | latest parameters: return 600.0 (1/2 fell)"
         " | entropy -1 approx_kl 0.05"
     )
+
+
+def test_tuned_settings_cover_every_task_are_valid_and_yield_to_set() -> None:
+    assert set(TUNED_5M) == set(TASKS)
+    for task_id, settings in TUNED_5M.items():
+        pairs = [f"{key}={value}" for key, value in settings.items()]
+        assert setting_overrides(pairs) == settings, task_id
+    assert task_settings("Walker2d-v5", False, {"gamma": 0.99}) == {"gamma": 0.99}
+    tuned = task_settings("Walker2d-v5", True, {"gamma": 0.99})
+    assert tuned == {**TUNED_5M["Walker2d-v5"], "gamma": 0.99}
