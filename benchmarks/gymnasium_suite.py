@@ -713,10 +713,11 @@ def main() -> None:
     eval_at = eval_points(args.env_steps, args.eval_at, args.eval_every)
     results: list[RunResult] = []
     gym_check: dict[tuple[str, int], list[float]] = {}
-    for task_id in task_names(args.tasks):
+    changed = {task_id: task_settings(task_id, args.tuned, settings) for task_id in task_names(args.tasks)}
+    for task_id, task_changes in changed.items():
         for seed in range(args.first_seed, args.first_seed + args.seeds):
             overrides = {
-                **task_settings(task_id, args.tuned, settings),
+                **task_changes,
                 "eval_episodes": args.eval_episodes,
                 "clip_actions": args.clip_actions,
             }
@@ -731,11 +732,9 @@ def main() -> None:
                 line += f", in Gymnasium's env {np.mean(gym_check[(task_id, seed)]):.1f}"
             print(line, flush=True)
     print()
-    for task_id in task_names(args.tasks):
-        if changed := task_settings(task_id, args.tuned, settings):
-            print(
-                f"{task_id}'s settings over the preset: " + " ".join(f"{key}={value}" for key, value in changed.items())
-            )
+    for task_id, task_changes in changed.items():
+        if task_changes:
+            print(f"{task_id}'s settings over the preset: " + " ".join(f"{k}={v}" for k, v in task_changes.items()))
     print(summary_table(results, columns, args.eval_episodes))
     print()
     print(runs_table(results, gym_check))
