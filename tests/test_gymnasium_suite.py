@@ -104,3 +104,15 @@ def test_tuned_settings_cover_every_task_are_valid_and_yield_to_set() -> None:
     assert task_settings("Walker2d-v5", False, {"gamma": 0.99}) == {"gamma": 0.99}
     tuned = task_settings("Walker2d-v5", True, {"gamma": 0.99})
     assert tuned == {**TUNED_5M["Walker2d-v5"], "gamma": 0.99}
+
+
+def test_a_run_keeping_an_average_also_evaluates_its_latest_parameters_as_a_run_without_it() -> None:
+    from benchmarks.gymnasium_suite import train_and_evaluate
+
+    settings = {"num_envs": 8, "batch_size": 4, "rollout_length_frames": 16, "eval_episodes": 4, "num_passes": 2}
+    plain, _, _ = train_and_evaluate(TASKS["Hopper-v5"], 0, 256, [256], **settings)
+    averaged, _, _ = train_and_evaluate(TASKS["Hopper-v5"], 0, 256, [256], policy_average_decay=0.5, **settings)
+    assert plain.latest == {} and set(averaged.latest) == set(averaged.evaluations) == set(plain.evaluations)
+    steps = max(plain.evaluations)
+    np.testing.assert_array_equal(averaged.latest[steps].returns, plain.evaluations[steps].returns)
+    assert not np.array_equal(averaged.evaluations[steps].returns, plain.evaluations[steps].returns)
