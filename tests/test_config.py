@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
         ({"base_body": "pole_tip"}, "base_body: no body named 'pole_tip'; the model's bodies are 'cart', 'pole'"),
         ({"base_body": "world"}, "base_body='world' is the world"),
         ({"eval_every_n_steps": -1}, "eval_every_n_steps=-1 must be >= 0"),
-        ({"learning_rate_schedule": "cosine"}, "learning_rate_schedule='cosine' must be one of 'constant', 'linear'"),
+        ({"learning_rate_schedule": "step"}, "learning_rate_schedule='step' must be one of 'constant', 'linear'"),
         ({"desired_kl": -0.01}, "desired_kl=-0.01 must be positive"),
         ({"reward_scaling": 0.0}, "reward_scaling=0.0 must be positive"),
         (

@@ -1,4 +1,4 @@
-"""The update's step size: the adaptive (KL-driven) and linear learning-rate schedules, reward scaling and
+"""The update's step size: the adaptive (KL-driven), linear and cosine learning-rate schedules, reward scaling and
 return normalization."""
 
 from __future__ import annotations
@@ -94,6 +94,16 @@ def test_linear_schedule_anneals_to_zero_over_the_run(rollout: tuple[Any, Any]) 
     shared, metrics = updated({"learning_rate_schedule": "linear", "learning_rate": 1e-3}, rollout)
     assert float(shared.opt_state.hyperparams["learning_rate"]) == pytest.approx(1e-3 * (1 - 3 / 8), rel=1e-5)
     assert float(metrics["learning_rate"]) == pytest.approx(np.mean([1e-3 * (1 - k / 8) for k in range(4)]), rel=1e-5)
+
+
+def test_cosine_schedule_decays_to_zero_along_a_half_cosine(rollout: tuple[Any, Any]) -> None:
+    # 8 optimizer steps in the run, as above: step k uses lr * (1 + cos(pi * k / 8)) / 2.
+    def rate(k: int) -> float:
+        return 1e-3 * (1 + np.cos(np.pi * k / 8)) / 2
+
+    shared, metrics = updated({"learning_rate_schedule": "cosine", "learning_rate": 1e-3}, rollout)
+    assert float(shared.opt_state.hyperparams["learning_rate"]) == pytest.approx(rate(3), rel=1e-5)
+    assert float(metrics["learning_rate"]) == pytest.approx(np.mean([rate(k) for k in range(4)]), rel=1e-5)
 
 
 def test_reward_scaling_is_the_update_of_scaled_rewards(rollout: tuple[Any, Any]) -> None:

@@ -50,11 +50,12 @@ class PPOConfig(RLConfig):
     learning_rate: float = xax.field(3e-4, help="Adam learning rate (the first one, with a schedule).")
     learning_rate_schedule: str = xax.field(
         "constant",
-        help="'constant'; 'linear': annealed to 0 over num_steps; 'adaptive': rsl_rl's rule, divided by 1.5 after a "
-        "minibatch whose KL from the rollout's policy exceeds 2 x desired_kl, multiplied by 1.5 below half of it "
-        "(the KL averaged over devices, so every replica keeps the same rate); 'adaptive_annealed': the same rule "
-        "with desired_kl annealed linearly to 0 over num_steps (each update's step in policy space shrinks as "
-        "'linear' shrinks the rate, so the policy settles by the end).",
+        help="'constant'; 'linear': annealed to 0 over num_steps; 'cosine': decayed to 0 along a half cosine over "
+        "num_steps (above 'linear' in the first half, below it in the second); 'adaptive': rsl_rl's rule, divided "
+        "by 1.5 after a minibatch whose KL from the rollout's policy exceeds 2 x desired_kl, multiplied by 1.5 below "
+        "half of it (the KL averaged over devices, so every replica keeps the same rate); 'adaptive_annealed': the "
+        "same rule with desired_kl annealed linearly to 0 over num_steps (each update's step in policy space shrinks "
+        "as 'linear' shrinks the rate, so the policy settles by the end).",
     )
     desired_kl: float = xax.field(
         0.01, help="learning_rate_schedule=adaptive(_annealed): the KL it steers each minibatch to (at the start)."
@@ -106,7 +107,7 @@ class PPOConfig(RLConfig):
 
 
 PPOConfigT = TypeVar("PPOConfigT", bound=PPOConfig)
-LEARNING_RATE_SCHEDULES = ("constant", "linear", "adaptive", "adaptive_annealed")
+LEARNING_RATE_SCHEDULES = ("constant", "linear", "cosine", "adaptive", "adaptive_annealed")
 ADAPTIVE_SCHEDULES = ("adaptive", "adaptive_annealed")
 
 
@@ -233,6 +234,9 @@ class PPOTask(RLTask[PPOConfigT]):
 
         if config.learning_rate_schedule == "linear":
             schedule = optax.linear_schedule(config.learning_rate, 0.0, self.optimizer_steps)
+            return optax.inject_hyperparams(clipped_adam)(learning_rate=schedule)
+        if config.learning_rate_schedule == "cosine":
+            schedule = optax.cosine_decay_schedule(config.learning_rate, self.optimizer_steps)
             return optax.inject_hyperparams(clipped_adam)(learning_rate=schedule)
         if self.adapts_learning_rate:
             return optax.inject_hyperparams(clipped_adam)(learning_rate=config.learning_rate)
