@@ -393,12 +393,19 @@ SMALL_BUDGET_PPO: dict[str, Any] = {
 # action, which the evaluation runs, falls; the Ant's 0.0025 let one seed of three settle on a slow gait); the
 # HalfCheetah and the Ant start with less noise (with log std 0, two HalfCheetah seeds of four settled on a gait a
 # quarter as fast); the Ant's falls are bounds that lift its torso over the 1 m ceiling, which gamma 0.999 (a
-# horizon as long as the episode) prices in.
+# horizon as long as the episode) prices in; the Ant's cosine anneal levels off a climb that the linear one left
+# rising through the last fifth of the run (one seed of four spread 15.4% over its last five).
 TUNED_5M: dict[str, dict[str, Any]] = {
     "Hopper-v5": {"entropy_coef": 0.01, "gamma": 0.995},
     "Walker2d-v5": {"entropy_coef": 0.0025, "gamma": 0.995, "learning_rate": 1e-4},
     "HalfCheetah-v5": {"entropy_coef": 0.01, "gamma": 0.995, "init_log_std": -1.0},
-    "Ant-v5": {"entropy_coef": 0.005, "gamma": 0.999, "learning_rate": 1e-4, "init_log_std": -1.0},
+    "Ant-v5": {
+        "entropy_coef": 0.005,
+        "gamma": 0.999,
+        "learning_rate": 1e-4,
+        "learning_rate_schedule": "cosine",
+        "init_log_std": -1.0,
+    },
 }
 
 
