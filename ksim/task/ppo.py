@@ -232,15 +232,14 @@ class PPOTask(RLTask[PPOConfigT]):
                 else optax.chain(optax.clip_by_global_norm(config.max_grad_norm), adam)
             )
 
+        if config.learning_rate_schedule == "constant":
+            return clipped_adam(config.learning_rate)
+        rate: Any = config.learning_rate  # the adaptive schedules change it after each minibatch (adapt_optimizer)
         if config.learning_rate_schedule == "linear":
-            schedule = optax.linear_schedule(config.learning_rate, 0.0, self.optimizer_steps)
-            return optax.inject_hyperparams(clipped_adam)(learning_rate=schedule)
-        if config.learning_rate_schedule == "cosine":
-            schedule = optax.cosine_decay_schedule(config.learning_rate, self.optimizer_steps)
-            return optax.inject_hyperparams(clipped_adam)(learning_rate=schedule)
-        if self.adapts_learning_rate:
-            return optax.inject_hyperparams(clipped_adam)(learning_rate=config.learning_rate)
-        return clipped_adam(config.learning_rate)
+            rate = optax.linear_schedule(config.learning_rate, 0.0, self.optimizer_steps)
+        elif config.learning_rate_schedule == "cosine":
+            rate = optax.cosine_decay_schedule(config.learning_rate, self.optimizer_steps)
+        return optax.inject_hyperparams(clipped_adam)(learning_rate=rate)
 
     @property
     def adapts_learning_rate(self) -> bool:
