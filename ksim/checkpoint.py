@@ -25,8 +25,13 @@ METADATA_FORMAT = 1
 OVERRIDE_HINT = "(set allow_checkpoint_mismatch=true to load anyway)"
 NUMBERED = re.compile(r"ckpt_(\d{8})\.bin")
 TEMP_PATTERN = ".ckpt_*.tmp"
-# What checkpoints without a policy_memory entry (or one of its settings) had: the plain MLPs.
-MEMORYLESS: dict[str, Any] = {"observation_history": 1, "recurrent_size": 0, "estimated_observations": []}
+# What checkpoints without a policy_memory entry (or one of its settings) had: the plain tanh MLPs.
+MEMORYLESS: dict[str, Any] = {
+    "observation_history": 1,
+    "recurrent_size": 0,
+    "estimated_observations": [],
+    "activation": "tanh",
+}
 
 
 def _fsync_dir(directory: Path) -> None:
@@ -110,7 +115,8 @@ def _critic_text(layout: Sequence[Any] | None) -> str:
 
 
 def memory_mismatch(found: dict[str, Any], expected: dict[str, Any]) -> str | None:
-    """Which policy-memory or estimator setting differs (the networks differ, so no override loads it)."""
+    """Which policy-memory, estimator or activation setting differs (the networks differ, so no override loads
+    it: an activation that differs would load without a shape error and compute another policy)."""
     found_memory = found.get("policy_memory", MEMORYLESS)
     expected_memory = expected.get("policy_memory", MEMORYLESS)
     for name in sorted(expected_memory):

@@ -14,12 +14,14 @@ import jax
 import jax.numpy as jnp
 
 Array = jax.Array
+ACTIVATIONS = {"tanh": nn.tanh, "elu": nn.elu, "silu": nn.silu, "relu": nn.relu}
 
 
 class MLP(nn.Module):
     hidden_sizes: Sequence[int]
     out_size: int
     out_scale: float = 1.0
+    activation: str = "tanh"  # a key of ACTIVATIONS
 
     @nn.compact
     def __call__(self, x: Array) -> Array:
@@ -27,8 +29,9 @@ class MLP(nn.Module):
         # which XLA:CPU runs as a slow loop; on rows it is one matrix product (the hopper's update about 2x faster).
         lead = x.shape[:-1]
         x = x.reshape(-1, x.shape[-1])
+        activation = ACTIVATIONS[self.activation]
         for size in self.hidden_sizes:
-            x = nn.tanh(nn.Dense(size, kernel_init=nn.initializers.orthogonal(jnp.sqrt(2.0)))(x))
+            x = activation(nn.Dense(size, kernel_init=nn.initializers.orthogonal(jnp.sqrt(2.0)))(x))
         x = nn.Dense(self.out_size, kernel_init=nn.initializers.orthogonal(self.out_scale))(x)
         return x.reshape(*lead, self.out_size)
 
@@ -46,14 +49,15 @@ class ActorCritic(nn.Module):
     init_log_std: float = -0.5
     estimate_size: int = 0
     estimator_hidden: Sequence[int] = (64, 64)
+    activation: str = "tanh"
 
     def setup(self) -> None:
         # A small final actor layer starts the policy near the default pose / zero torque.
-        self.actor = MLP(self.actor_hidden, self.action_dim, out_scale=0.01)
-        self.critic = MLP(self.critic_hidden, 1, out_scale=1.0)
+        self.actor = MLP(self.actor_hidden, self.action_dim, out_scale=0.01, activation=self.activation)
+        self.critic = MLP(self.critic_hidden, 1, out_scale=1.0, activation=self.activation)
         self.log_std = self.param("log_std", nn.initializers.constant(self.init_log_std), (self.action_dim,))
         if self.estimate_size:
-            self.estimator = MLP(self.estimator_hidden, self.estimate_size)
+            self.estimator = MLP(self.estimator_hidden, self.estimate_size, activation=self.activation)
 
     def __call__(self, obs: Array, critic_obs: Array | None = None) -> tuple[Array, Array, Array]:
         return (*self.policy(obs), self.value(obs if critic_obs is None else critic_obs))
@@ -84,12 +88,13 @@ class RecurrentActorCritic(nn.Module):
     actor_hidden: Sequence[int] = (256, 256)
     critic_hidden: Sequence[int] = (256, 256)
     init_log_std: float = -0.5
+    activation: str = "tanh"
 
     def setup(self) -> None:
         self.actor_memory = nn.GRUCell(self.recurrent_size)
         self.critic_memory = nn.GRUCell(self.recurrent_size)
-        self.actor = MLP(self.actor_hidden, self.action_dim, out_scale=0.01)
-        self.critic = MLP(self.critic_hidden, 1, out_scale=1.0)
+        self.actor = MLP(self.actor_hidden, self.action_dim, out_scale=0.01, activation=self.activation)
+        self.critic = MLP(self.critic_hidden, 1, out_scale=1.0, activation=self.activation)
         self.log_std = self.param("log_std", nn.initializers.constant(self.init_log_std), (self.action_dim,))
 
     def __call__(self, carry: Array, obs: Array, critic_obs: Array) -> tuple[Array, Array, Array, Array]:

@@ -38,6 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
         ({"base_body": "world"}, "base_body='world' is the world"),
         ({"eval_every_n_steps": -1}, "eval_every_n_steps=-1 must be >= 0"),
         ({"learning_rate_schedule": "step"}, "learning_rate_schedule='step' must be one of 'constant', 'linear'"),
+        ({"activation": "gelu"}, "activation='gelu' must be one of 'tanh', 'elu', 'silu', 'relu'"),
         ({"desired_kl": -0.01}, "desired_kl=-0.01 must be positive"),
         ({"reward_scaling": 0.0}, "reward_scaling=0.0 must be positive"),
         (

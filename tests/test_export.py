@@ -62,6 +62,24 @@ def test_onnx_policy_matches_the_jax_deterministic_policy(exported: tuple, recor
     np.testing.assert_allclose(single, expected[:1], atol=1e-5, rtol=0)
 
 
+def test_an_elu_policy_exports_to_the_same_actions(tmp_path: Path, recorded_observations: np.ndarray) -> None:
+    """ONNX has its own Elu: the export of an `activation='elu'` policy computes what JAX computes."""
+    CartpoleTask(cartpole_config(run_dir=str(tmp_path), activation="elu")).run()
+    ckpt, onnx_path = str(tmp_path / "checkpoints" / "ckpt_latest.bin"), tmp_path / "policy.onnx"
+    task = CartpoleTask(
+        cartpole_config(mode="export", load_from_ckpt_path=ckpt, export_path=str(onnx_path), activation="elu")
+    )
+    task.run()
+    (onnx_actions,) = ort.InferenceSession(str(onnx_path)).run(
+        ["action"], {"observation": recorded_observations.astype(np.float32)}
+    )
+    expected = jax_actions(task, task.checkpoints.load(ckpt), recorded_observations)
+    np.testing.assert_allclose(onnx_actions, expected, atol=1e-5)
+    tanh_task = CartpoleTask(cartpole_config(allow_checkpoint_mismatch=True))  # same shapes, another function
+    with pytest.raises(ConfigError, match=r"activation=elu in the checkpoint, tanh here \(the setting must match"):
+        tanh_task.checkpoints.load(ckpt)
+
+
 def test_policy_json_names_inputs_and_actions(exported: tuple) -> None:
     task, _, onnx_path = exported
     spec = load_policy_spec(onnx_path.with_suffix(".json"))

@@ -15,7 +15,7 @@ import xax
 
 from ksim.config import ConfigError, require_choice, require_non_negative, require_positive
 from ksim.mirror import PolicyMirror, policy_mirror
-from ksim.networks import ACTOR, CRITIC, ActorCritic, RecurrentActorCritic, gaussian_log_prob
+from ksim.networks import ACTIVATIONS, ACTOR, CRITIC, ActorCritic, RecurrentActorCritic, gaussian_log_prob
 from ksim.task.memory import PolicyMemory, episode_starts, unroll
 from ksim.task.ppo_update import (
     PPOBatch,
@@ -80,6 +80,9 @@ class PPOConfig(RLConfig):
     normalize_advantages: bool = xax.field(True, help="Normalise advantages per minibatch.")
     actor_hidden: list[int] = xax.field(lambda: [256, 256], help="Actor MLP hidden sizes.")
     critic_hidden: list[int] = xax.field(lambda: [256, 256], help="Critic MLP hidden sizes.")
+    activation: str = xax.field(
+        "tanh", help=f"The MLPs' hidden activation: {', '.join(ACTIVATIONS)} (rsl_rl's legged robots use elu)."
+    )
     init_log_std: float = xax.field(-0.5, help="Initial log standard deviation of the Gaussian policy.")
     recurrent_size: int = xax.field(
         0, help="GRU units in front of the actor's and the critic's MLP (0: MLPs only, no recurrent state)."
@@ -136,6 +139,7 @@ class PPOTask(RLTask[PPOConfigT]):
         require_positive(config, "learning_rate", "clip_eps", "observation_history", "reward_scaling", "desired_kl")
         require_choice(config, "learning_rate_schedule", LEARNING_RATE_SCHEDULES)
         require_choice(config, "minibatch_shuffle", ("envs", "steps"))
+        require_choice(config, "activation", tuple(ACTIVATIONS))
         if config.minibatch_shuffle == "steps" and config.recurrent_size > 0:
             raise ConfigError(
                 f"minibatch_shuffle='steps' needs a memoryless policy (recurrent_size={config.recurrent_size}): a GRU "
@@ -184,6 +188,7 @@ class PPOTask(RLTask[PPOConfigT]):
             "observation_history": config.observation_history,
             "recurrent_size": config.recurrent_size,
             "estimated_observations": list(config.estimated_observations),
+            "activation": config.activation,
         }
 
     @functools.cached_property
@@ -197,7 +202,12 @@ class PPOTask(RLTask[PPOConfigT]):
         actor_hidden, critic_hidden = tuple(config.actor_hidden), tuple(config.critic_hidden)
         if self.recurrent:
             return RecurrentActorCritic(
-                self.engine.action_dim, config.recurrent_size, actor_hidden, critic_hidden, config.init_log_std
+                self.engine.action_dim,
+                config.recurrent_size,
+                actor_hidden,
+                critic_hidden,
+                config.init_log_std,
+                config.activation,
             )
         return ActorCritic(
             self.engine.action_dim,
@@ -206,6 +216,7 @@ class PPOTask(RLTask[PPOConfigT]):
             config.init_log_std,
             len(self.estimate_index),
             tuple(config.estimator_hidden),
+            config.activation,
         )
 
     def init_params(self, rng: Array) -> Any:

@@ -218,7 +218,7 @@ class RLTask(ABC, Generic[ConfigT]):
 
     def memory_settings(self) -> dict[str, Any]:
         """What shapes the policy's network beyond its layers: its memory (ksim.task.memory: observation_history,
-        recurrent_size) and what it estimates (estimated_observations); a checkpoint must match them."""
+        recurrent_size), what it estimates (estimated_observations) and its activation; a checkpoint must match them."""
         return dict(MEMORYLESS)
 
     # ----- configuration ---------------------------------------------------------------------------------
