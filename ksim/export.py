@@ -20,6 +20,7 @@ from typing import Any
 import jax
 import mujoco
 
+from ksim.checkpoint import MEMORYLESS
 from ksim.config import ConfigError
 from ksim.policy_spec import (
     INPUT_NAME,
@@ -41,7 +42,7 @@ Policy = Callable[..., tuple[jax.Array, ...]]
 def policy_spec(metadata: dict[str, Any], action_meaning: str, onnx_file: str, checkpoint: str = "") -> PolicySpec:
     """The JSON description of an exported policy, from its checkpoint metadata (task, observations, actions)."""
     actions = metadata["actions"]
-    memory = metadata.get("policy_memory", {"observation_history": 1, "recurrent_size": 0})
+    memory = metadata.get("policy_memory", MEMORYLESS)
     observation_size = sum(size for _, size in metadata["observations"])
     return PolicySpec(
         task=metadata["task"],

@@ -1,4 +1,5 @@
-"""The `activation` setting reaches every MLP of the policy: the actor's mean is the hand-computed forward pass."""
+"""The `activation` setting reaches the policy's MLPs: the actor's mean and the value are the hand-computed forward
+pass, and behind a GRU the actor's and the critic's MLPs are built with it."""
 
 import jax
 import jax.numpy as jnp
@@ -36,3 +37,9 @@ def test_actor_and_critic_use_the_configured_activation(activation: str) -> None
     if activation != "tanh":  # the hand-computed pass with tanh would not match: the setting made a difference
         with pytest.raises(AssertionError):
             np.testing.assert_allclose(mean, mlp_by_hand(layers["actor"], obs, "tanh"), rtol=1e-5, atol=1e-6)
+
+
+def test_a_recurrent_policy_builds_its_mlps_with_the_configured_activation() -> None:
+    task = CartpoleTask(cartpole_config(activation="elu", recurrent_size=4))
+    bound = task.model.bind(task.init_params(jax.random.PRNGKey(0)))
+    assert (bound.actor.activation, bound.critic.activation) == ("elu", "elu")
