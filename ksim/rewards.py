@@ -147,6 +147,16 @@ def heading_velocity(ctx: StepContext) -> Array:
     return jnp.stack([cos * vx + sin * vy, -sin * vx + cos * vy, vz])
 
 
+def linear_velocity_error(ctx: StepContext) -> Array:
+    """|heading-frame base velocity xy - command xy|, m/s: the evaluation's command error for one step."""
+    return jnp.linalg.norm(heading_velocity(ctx)[:2] - ctx.command[:2])
+
+
+def yaw_rate_error(ctx: StepContext) -> Array:
+    """|world-frame yaw rate - command value 2|, rad/s: the evaluation's yaw-rate error for one step."""
+    return jnp.abs(ctx.base_ang_vel_world[2] - ctx.command[2])
+
+
 @dataclass(frozen=True)
 class _TrackingReward(_BaseReward):
     sigma: float = 0.25
@@ -177,6 +187,27 @@ class AngularVelocityTracking(_TrackingReward):
     def value(self, ctx: StepContext) -> Array:
         error = jnp.square(ctx.base_ang_vel_world[2] - ctx.command[2])
         return jnp.exp(-error / self.sigma)
+
+
+@dataclass(frozen=True)
+class LinearVelocityError(_BaseReward):
+    """|v_xy - command_xy| in m/s, for a negative scale: unlike the exp kernels its pull does not fade far from the
+    command (the second after a change), and it is what the evaluation's command error averages."""
+
+    command_size: ClassVar[int] = 2
+
+    def value(self, ctx: StepContext) -> Array:
+        return linear_velocity_error(ctx)
+
+
+@dataclass(frozen=True)
+class YawRateError(_BaseReward):
+    """|yaw rate - command_2| in rad/s, for a negative scale: the evaluation's yaw-rate error as a penalty."""
+
+    command_size: ClassVar[int] = 3
+
+    def value(self, ctx: StepContext) -> Array:
+        return yaw_rate_error(ctx)
 
 
 def feet_points(layout: ModelLayout, feet: tuple[str, ...], setting: str) -> tuple[Point, ...]:

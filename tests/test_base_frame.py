@@ -241,6 +241,23 @@ def test_velocity_observations_clip() -> None:
     assert float(jnp.max(jnp.abs(obs.BaseLinearVelocity(scale=100.0, clip=1.0).observe(ctx)))) <= 1.0
 
 
+@pytest.mark.parametrize("seed", [0, 1])
+def test_velocity_error_penalties_are_the_evaluations_errors_against_mujoco(seed: int) -> None:
+    ctx, mj_model, reference = contexts("free", seed)
+    ctx = ctx.replace(command=jnp.array([0.4, -0.3, 0.7]))
+    torso = mj_model.body("torso").id
+    forward = reference.xmat[torso].reshape(3, 3)[:, 0]
+    yaw = np.arctan2(forward[1], forward[0])
+    angular, linear = np.split(object_velocity(mj_model, reference, torso, False), 2)
+    heading = np.array([[np.cos(yaw), np.sin(yaw)], [-np.sin(yaw), np.cos(yaw)]]) @ linear[:2]
+    error, yaw_error = np.linalg.norm(heading - [0.4, -0.3]), abs(angular[2] - 0.7)
+    close = {"atol": 2e-5, "rtol": 1e-4}
+    np.testing.assert_allclose(rew.LinearVelocityError(scale=-2.0)(ctx), -2.0 * error, **close)
+    np.testing.assert_allclose(rew.YawRateError(scale=-0.5)(ctx), -0.5 * yaw_error, **close)
+    tracking = rew.LinearVelocityTracking(scale=1.0, sigma=0.25).value(ctx)
+    np.testing.assert_allclose(tracking, np.exp(-(error**2) / 0.25), **close)  # the same error, another kernel
+
+
 def test_control_cost_is_on_the_applied_control() -> None:
     ctx, _, _ = contexts("free")
     assert float(rew.ControlCost(scale=-1.0)(ctx.replace(ctrl=jnp.array([0.5, -2.0])))) == pytest.approx(-4.25)

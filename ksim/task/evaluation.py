@@ -22,7 +22,7 @@ from flax import struct
 
 from ksim.commands import Command, VelocityCommand
 from ksim.engine import StepContext
-from ksim.rewards import heading_velocity
+from ksim.rewards import linear_velocity_error, yaw_rate_error
 from ksim.task.env import Environment
 from ksim.task.types import Episode, RLConfig, Trajectory
 from ksim.terrain import TerrainCells
@@ -81,8 +81,8 @@ def step_measures(command: Command | None, ctx: StepContext) -> StepMeasures:
     standing = jnp.all(ctx.command == 0)
     return StepMeasures(
         speed_x,
-        jnp.linalg.norm(heading_velocity(ctx)[:2] - ctx.command[:2]),
-        jnp.abs(ctx.base_ang_vel_world[2] - ctx.command[2]),
+        linear_velocity_error(ctx),
+        yaw_rate_error(ctx),
         standing,
         jnp.where(standing, ctx.base_lin_vel_world[:2], 0.0),
     )
