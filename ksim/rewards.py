@@ -174,8 +174,7 @@ class LinearVelocityTracking(_TrackingReward):
     command_size: ClassVar[int] = 2
 
     def value(self, ctx: StepContext) -> Array:
-        error = jnp.sum(jnp.square(heading_velocity(ctx)[:2] - ctx.command[:2]))
-        return jnp.exp(-error / self.sigma)
+        return jnp.exp(-jnp.square(linear_velocity_error(ctx)) / self.sigma)
 
 
 @dataclass(frozen=True)
@@ -185,8 +184,7 @@ class AngularVelocityTracking(_TrackingReward):
     command_size: ClassVar[int] = 3
 
     def value(self, ctx: StepContext) -> Array:
-        error = jnp.square(ctx.base_ang_vel_world[2] - ctx.command[2])
-        return jnp.exp(-error / self.sigma)
+        return jnp.exp(-jnp.square(yaw_rate_error(ctx)) / self.sigma)
 
 
 @dataclass(frozen=True)
