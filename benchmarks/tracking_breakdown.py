@@ -2,6 +2,7 @@
 
     .venv/bin/python -m benchmarks.tracking_breakdown examples.kbot:KBotTask RUN/checkpoints/ckpt_latest.bin
     .venv/bin/python -m benchmarks.tracking_breakdown examples.kbot:KBotTask CKPT gait_period_s=0.6  # as trained
+    .venv/bin/python -m benchmarks.tracking_breakdown examples.kbot:KBotTask CKPT --nominal  # no randomization
 
 `mode=eval`'s `eval/command_error` and `eval/yaw_rate_error` average the per-step error over whole episodes. This
 plays the same deterministic episodes (the task's module's `DEFAULT_CONFIG` with the `key=value` settings the
@@ -15,7 +16,11 @@ records the heading-frame velocity, yaw rate and command at every control step, 
 - per steady stretch of one command (at least `--settle-s` long after it settles): the bias, |mean velocity -
   command|, and the oscillation, the mean distance of the velocity from its own mean (a gait's sway and twist);
 - the tracking gain per axis: the slope of the achieved mean against the commanded value over the stretches
-  (1: it goes as fast as told; 0.8: it reaches 80% of every command).
+  (1: it goes as fast as told; 0.8: it reaches 80% of every command);
+- per band of forward command (`--forward-bands`, m/s; "stand" is the zero command): its share of the steps, its
+  settled error and its part of the every-step error (the parts add up to it), which says where the error is;
+- with `--nominal`, the same episodes without the task's randomizations and events (the robot as modelled,
+  never pushed): what the policy's own gait leaves, against what randomization and pushes add.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib
+import itertools
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -162,9 +168,9 @@ def record(task: Any, shared: Any, episodes: int, seed: int) -> Trace:
     return Trace(np.asarray(achieved), np.asarray(command), running)
 
 
-def build_task(name: str, checkpoint: str, overrides: Sequence[str] = ()) -> Any:
-    """The task `module:Class` built from its module's DEFAULT_CONFIG and the run's `key=value` settings;
-    ValueError naming what is missing or wrong."""
+def build_task(name: str, checkpoint: str, overrides: Sequence[str] = (), as_modelled: bool = False) -> Any:
+    """The task `module:Class` built from its module's DEFAULT_CONFIG and the run's `key=value` settings (with
+    `as_modelled`, without randomizations and events); ValueError naming what is missing or wrong."""
     module_name, _, class_name = name.partition(":")
     if not class_name:
         raise ValueError(f"task={name!r} must be module:Class, e.g. examples.kbot:KBotTask")
@@ -177,7 +183,58 @@ def build_task(name: str, checkpoint: str, overrides: Sequence[str] = ()) -> Any
         config = parse_overrides(config, overrides)
     except ConfigError as error:
         raise ValueError(str(error)) from None
+    task_class = nominal(task_class) if as_modelled else task_class
     return task_class(dataclasses.replace(config, load_from_ckpt_path=checkpoint))
+
+
+class Band(NamedTuple):
+    name: str
+    share: float  # of the running steps
+    settled_error: float  # mean xy error over its settled steps (NaN without any), m/s
+    part: float  # its steps' share of the every-step command error, m/s
+
+
+def band_errors(trace: Trace, settle_steps: int, edges: Sequence[float]) -> list[Band]:
+    """The every-step command error split by the forward command: "stand" (a zero command), then one band
+    between each pair of `edges` (sorted, m/s), the first and last open-ended. The parts add up to the error."""
+    achieved, command, running = trace
+    error = np.linalg.norm(achieved[..., :2] - command[..., :2], axis=-1)
+    settled = running & (steps_since_change(command) >= settle_steps)
+    standing = np.all(command == 0, axis=-1)
+    bounds = [-np.inf, *edges, np.inf]
+    bands = [("stand", running & standing)]
+    for low, high in itertools.pairwise(bounds):
+        in_band = running & ~standing & (command[..., 0] >= low) & (command[..., 0] < high)
+        bands.append((f"forward {low:g}..{high:g} m/s", in_band))
+    total = max(int(running.sum()), 1)
+    return [
+        Band(
+            name,
+            float(steps.sum() / total),
+            float(error[steps & settled].mean()) if (steps & settled).any() else float("nan"),
+            float(error[steps].sum() / total),
+        )
+        for name, steps in bands
+    ]
+
+
+def nominal(task_class: type) -> type:
+    """`task_class` without its randomizations and events: the robot as modelled, never pushed."""
+    return type(
+        f"Nominal{task_class.__name__}",
+        (task_class,),
+        {"get_randomizations": lambda self: [], "get_events": lambda self: []},
+    )
+
+
+def report_bands(bands: Sequence[Band]) -> str:
+    lines = [
+        f"  {band.name}: {band.share:.0%} of steps, settled {band.settled_error:.3f} m/s, "
+        f"{band.part:.3f} m/s of the every-step error"
+        for band in bands
+        if band.share > 0
+    ]
+    return "\n".join(["  by forward command:", *lines])
 
 
 def report(result: Breakdown, settle_s: float, window_s: float = 0.0) -> str:
@@ -201,6 +258,16 @@ def report(result: Breakdown, settle_s: float, window_s: float = 0.0) -> str:
     )
 
 
+def parse_edges(text: str) -> list[float] | None:
+    """`--forward-bands`' edges, or None where they are not increasing numbers."""
+    try:
+        edges = [float(value) for value in text.split(",")]
+    except ValueError:
+        return None
+    increasing = all(low < high for low, high in itertools.pairwise(edges))
+    return edges if increasing and all(np.isfinite(edges)) else None
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("task", help="the task class as module:Class, e.g. examples.kbot:KBotTask")
@@ -212,6 +279,14 @@ def main() -> None:
     parser.add_argument(
         "--window-s", type=float, default=0.0, help="also the error of the velocity averaged over this many seconds"
     )
+    parser.add_argument(
+        "--forward-bands",
+        default="-0.2,0.4,0.8",
+        help="comma-separated forward commands (m/s) between which the error is split by band",
+    )
+    parser.add_argument(
+        "--nominal", action="store_true", help="play without the task's randomizations and events (no pushes)"
+    )
     args = parser.parse_args()
     if args.episodes < 1:
         parser.error(f"--episodes={args.episodes} must be >= 1")
@@ -219,8 +294,11 @@ def main() -> None:
         parser.error(f"--settle-s={args.settle_s:g} must be > 0")
     if args.window_s < 0:
         parser.error(f"--window-s={args.window_s:g} must be >= 0")
+    edges = parse_edges(args.forward_bands)
+    if edges is None:
+        parser.error(f"--forward-bands={args.forward_bands}: give increasing numbers, comma-separated (m/s)")
     try:
-        task = build_task(args.task, args.checkpoint, args.settings)
+        task = build_task(args.task, args.checkpoint, args.settings, as_modelled=args.nominal)
     except ValueError as error:
         parser.error(str(error))
     if not tracks_velocity(task.environment.components.command):
@@ -228,8 +306,9 @@ def main() -> None:
     shared = task.checkpoints.load(args.checkpoint)["shared"].deployed()
     settle_steps = max(1, round(args.settle_s / task.config.ctrl_dt))
     window_steps = round(args.window_s / task.config.ctrl_dt)
-    result = breakdown(record(task, shared, args.episodes, args.seed), settle_steps, window_steps)
-    print(report(result, args.settle_s, args.window_s))
+    trace = record(task, shared, args.episodes, args.seed)
+    print(report(breakdown(trace, settle_steps, window_steps), args.settle_s, args.window_s))
+    print(report_bands(band_errors(trace, settle_steps, edges)))
 
 
 if __name__ == "__main__":

@@ -7,7 +7,15 @@ import types
 import numpy as np
 import pytest
 
-from benchmarks.tracking_breakdown import Trace, breakdown, build_task, centred_mean, main, steps_since_change
+from benchmarks.tracking_breakdown import (
+    Trace,
+    band_errors,
+    breakdown,
+    build_task,
+    centred_mean,
+    main,
+    steps_since_change,
+)
 
 
 def test_steps_since_change_restart_at_every_new_command() -> None:
@@ -45,6 +53,43 @@ def test_a_window_of_one_sway_period_leaves_only_the_bias() -> None:
     result = breakdown(Trace(achieved, command, np.ones((steps, 1), bool)), settle, window_steps=2)
     assert result.window_error == pytest.approx(np.mean([0.2, 0.1]))  # equal settled steps on each command
     assert result.settled_command_error > result.window_error
+
+
+def test_the_error_is_split_by_forward_command_into_parts_that_add_up_to_it() -> None:
+    steps, settle = 120, 10
+    commands = np.array([[0.0, 0.0, 0.0], [-0.4, 0.0, 0.0], [1.0, 0.2, 0.0]])  # stand, backward, fast
+    command = np.repeat(commands, steps // 3, axis=0)[:, None, :]
+    achieved = command.copy()
+    achieved[:40, 0, 0] = 0.05  # drifts 0.05 m/s when told to stand
+    achieved[40:80, 0, 0] = -0.1  # 0.3 m/s short walking backwards
+    trace = Trace(achieved, command, np.ones((steps, 1), bool))
+    bands = {band.name: band for band in band_errors(trace, settle, [-0.2, 0.4, 0.8])}
+    assert list(bands) == ["stand", "forward -inf..-0.2 m/s", "forward -0.2..0.4 m/s", "forward 0.4..0.8 m/s",
+                           "forward 0.8..inf m/s"]  # fmt: skip
+    assert bands["stand"].share == pytest.approx(1 / 3) and bands["stand"].settled_error == pytest.approx(0.05)
+    assert bands["forward -inf..-0.2 m/s"].settled_error == pytest.approx(0.3)
+    assert bands["forward 0.8..inf m/s"].part == pytest.approx(0.0)
+    assert bands["forward -0.2..0.4 m/s"].share == 0.0 and np.isnan(bands["forward -0.2..0.4 m/s"].settled_error)
+    assert sum(band.part for band in bands.values()) == pytest.approx(breakdown(trace, settle).command_error)
+
+
+def test_the_nominal_task_has_no_randomizations_or_events(monkeypatch: pytest.MonkeyPatch) -> None:
+    class RandomizedTask(_Task):
+        def get_randomizations(self) -> list[str]:
+            return ["friction"]
+
+        def get_events(self) -> list[str]:
+            return ["push"]
+
+    module = types.ModuleType("fake_randomized_module")
+    module.RandomizedTask = RandomizedTask  # type: ignore[attr-defined]
+    module.DEFAULT_CONFIG = _Config()  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "fake_randomized_module", module)
+    as_trained = build_task("fake_randomized_module:RandomizedTask", "ckpt.bin")
+    assert as_trained.get_randomizations() == ["friction"] and as_trained.get_events() == ["push"]
+    as_modelled = build_task("fake_randomized_module:RandomizedTask", "ckpt.bin", as_modelled=True)
+    assert isinstance(as_modelled, RandomizedTask)
+    assert as_modelled.get_randomizations() == [] and as_modelled.get_events() == []
 
 
 def test_centred_mean_averages_around_each_step_and_leaves_the_ends_empty() -> None:
@@ -102,6 +147,8 @@ def test_the_runs_settings_reach_the_task_and_a_bad_one_is_refused_in_one_line(
         ("--episodes=0", "--episodes=0 must be >= 1"),
         ("--settle-s=0", "--settle-s=0 must be > 0"),
         ("--window-s=-0.6", "--window-s=-0.6 must be >= 0"),
+        ("--forward-bands=0.4,-0.2", "--forward-bands=0.4,-0.2: give increasing numbers, comma-separated (m/s)"),
+        ("--forward-bands=slow", "--forward-bands=slow: give increasing numbers, comma-separated (m/s)"),
     ],
 )
 def test_a_bad_option_is_refused_in_one_line_before_anything_is_built(
