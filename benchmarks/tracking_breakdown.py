@@ -102,13 +102,20 @@ def windowed_error(
     return float(np.linalg.norm(averaged - command[..., :2], axis=-1)[valid].mean())
 
 
+def settled_error(trace: Trace, settle_steps: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per step and episode: the xy command error (m/s), the steps since the command changed, and whether the
+    step is running and at least `settle_steps` after that change."""
+    achieved, command, running = trace
+    error = np.linalg.norm(achieved[..., :2] - command[..., :2], axis=-1)
+    since = steps_since_change(command)
+    return error, since, running & (since >= settle_steps)
+
+
 def breakdown(trace: Trace, settle_steps: int, window_steps: int = 0) -> Breakdown:
     """The error of `trace` split into transients, steady bias and oscillation, and the gain per axis."""
     achieved, command, running = trace
-    error = np.linalg.norm(achieved[..., :2] - command[..., :2], axis=-1)
+    error, since, settled = settled_error(trace, settle_steps)
     yaw_error = np.abs(achieved[..., 2] - command[..., 2])
-    since = steps_since_change(command)
-    settled = running & (since >= settle_steps)
     stretch_id = np.cumsum(since == 0, axis=0)  # per episode, which command the step belongs to
     transient = running & ~settled
     means, commands, oscillations = [], [], []
@@ -197,9 +204,8 @@ class Band(NamedTuple):
 def band_errors(trace: Trace, settle_steps: int, edges: Sequence[float]) -> list[Band]:
     """The every-step command error split by the forward command: "stand" (a zero command), then one band
     between each pair of `edges` (sorted, m/s), the first and last open-ended. The parts add up to the error."""
-    achieved, command, running = trace
-    error = np.linalg.norm(achieved[..., :2] - command[..., :2], axis=-1)
-    settled = running & (steps_since_change(command) >= settle_steps)
+    _, command, running = trace
+    error, _, settled = settled_error(trace, settle_steps)
     standing = np.all(command == 0, axis=-1)
     bounds = [-np.inf, *edges, np.inf]
     bands = [("stand", running & standing)]
