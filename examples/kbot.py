@@ -4,8 +4,8 @@ The motors run the real firmware's PD loop: kp, kd and torque limits from the ro
 reads only what the robot measures, with noise: the IMU's gyro and orientation (`imu_site` sensors), joint
 encoders, its last action, the command and a gait clock; one control step of action delay. The critic also
 reads the true base velocity and height and the feet's contacts. Commands: forward -0.5..1.2 m/s, lateral
--0.5..0.5 m/s, yaw rate -1..1 rad/s, or stand still (one in ten). Friction, masses, centre of mass, armature,
-damping and gains are randomized per episode, and the robot is pushed.
+-0.5..0.5 m/s, yaw rate -1..1 rad/s, or stand still (one in ten). Floor friction, masses, centre of mass,
+armature, joint friction and gains are randomized per episode, and the robot is pushed.
 
     python -m examples.kbot
     python -m examples.kbot mode=eval load_from_ckpt_path=RUN/checkpoints/ckpt_latest.bin video_path=kbot.gif
@@ -99,7 +99,7 @@ class KBotTask(DistributedPPOTask[KBotConfig]):
             rnd.BodyMass(0.9, 1.1),
             rnd.AddedBaseMass(-1.0, 2.0),
             rnd.CenterOfMassOffset(-0.02, 0.02),
-            rnd.JointDamping(0.8, 1.2),
+            rnd.JointFrictionLoss(0.8, 1.2),  # the model's joints have friction loss and no damping
             rnd.JointArmature(0.8, 1.2),
             rnd.PositionGain(0.9, 1.1),
             rnd.VelocityGain(0.9, 1.1),

@@ -23,6 +23,7 @@ from ksim.config import ConfigError
 from ksim.engine import ModelLayout, body_index
 
 if TYPE_CHECKING:  # MJX's types only: the native engine runs without importing MJX
+    import mujoco
     from mujoco import mjx
 
 Array = jax.Array
@@ -250,6 +251,18 @@ def check_randomizations(randomizations: Sequence[Randomization], actuators: Act
             raise ConfigError(
                 f"{randomization.name} scales PD gains, which needs PositionActuators or PositionServoActuators "
                 f"(the task's actuators are {type(actuators).__name__}); use ActuatorStrength instead"
+            )
+
+
+def check_scaled_fields(randomizations: Sequence[Randomization], mj_model: mujoco.MjModel) -> None:
+    """A per-dof scale of a field that is 0 on every dof it names would change nothing: refused in one line."""
+    for randomization in randomizations:
+        if isinstance(randomization, _DofScale) and not np.any(
+            getattr(mj_model, randomization.field)[randomization.dof_ids]
+        ):
+            raise ConfigError(
+                f"{randomization.name} scales {randomization.field}, which the model sets to 0 on every dof it "
+                "names: there is nothing to randomize"
             )
 
 

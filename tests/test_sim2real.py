@@ -175,6 +175,20 @@ def test_actions_are_applied_after_the_configured_delay() -> None:
 FREE = BallTask(ball_config(sim2real=False)).engine.layout
 
 
+def test_scaling_a_field_the_model_sets_to_zero_is_one_line() -> None:
+    model = load_mujoco_model("kbot/kbot.xml")  # friction loss and armature on its joints, no damping
+    layout = ModelLayout.create(model)
+    rnd.check_scaled_fields([rnd.JointFrictionLoss(0.8, 1.2).bind(layout)], model)
+    with pytest.raises(ConfigError) as error:
+        rnd.check_scaled_fields(
+            [rnd.JointArmature(0.8, 1.2).bind(layout), rnd.JointDamping(0.8, 1.2).bind(layout)], model
+        )
+    assert str(error.value) == (
+        "JointDamping scales dof_damping, which the model sets to 0 on every dof it names: "
+        "there is nothing to randomize"
+    )
+
+
 @pytest.mark.parametrize(
     ("component", "message"),
     [
