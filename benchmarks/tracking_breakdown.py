@@ -175,17 +175,22 @@ def record(task: Any, shared: Any, episodes: int, seed: int) -> Trace:
     return Trace(np.asarray(achieved), np.asarray(command), running)
 
 
-def build_task(name: str, checkpoint: str, overrides: Sequence[str] = (), as_modelled: bool = False) -> Any:
-    """The task `module:Class` built from its module's DEFAULT_CONFIG and the run's `key=value` settings (with
-    `as_modelled`, without randomizations and events); ValueError naming what is missing or wrong."""
+def task_class_and_config(name: str) -> tuple[type, Any]:
+    """The class `module:Class` and its module's DEFAULT_CONFIG; ValueError naming what is missing or wrong."""
     module_name, _, class_name = name.partition(":")
     if not class_name:
         raise ValueError(f"task={name!r} must be module:Class, e.g. examples.kbot:KBotTask")
     try:
         module = importlib.import_module(module_name)
-        task_class, config = getattr(module, class_name), module.DEFAULT_CONFIG
+        return getattr(module, class_name), module.DEFAULT_CONFIG
     except (ImportError, AttributeError) as error:
         raise ValueError(f"task={name!r}: {error} (the module needs the class and a DEFAULT_CONFIG)") from None
+
+
+def build_task(name: str, checkpoint: str, overrides: Sequence[str] = (), as_modelled: bool = False) -> Any:
+    """The task `module:Class` built from its module's DEFAULT_CONFIG and the run's `key=value` settings (with
+    `as_modelled`, without randomizations and events); ValueError naming what is missing or wrong."""
+    task_class, config = task_class_and_config(name)
     try:
         config = parse_overrides(config, overrides)
     except ConfigError as error:
