@@ -187,14 +187,20 @@ def task_class_and_config(name: str) -> tuple[type, Any]:
         raise ValueError(f"task={name!r}: {error} (the module needs the class and a DEFAULT_CONFIG)") from None
 
 
+def class_and_settings(name: str, overrides: Sequence[str]) -> tuple[type, Any]:
+    """The class `module:Class` and its module's DEFAULT_CONFIG with the `key=value` settings applied;
+    ValueError naming what is missing or wrong."""
+    task_class, config = task_class_and_config(name)
+    try:
+        return task_class, parse_overrides(config, overrides)
+    except ConfigError as error:
+        raise ValueError(str(error)) from None
+
+
 def build_task(name: str, checkpoint: str, overrides: Sequence[str] = (), as_modelled: bool = False) -> Any:
     """The task `module:Class` built from its module's DEFAULT_CONFIG and the run's `key=value` settings (with
     `as_modelled`, without randomizations and events); ValueError naming what is missing or wrong."""
-    task_class, config = task_class_and_config(name)
-    try:
-        config = parse_overrides(config, overrides)
-    except ConfigError as error:
-        raise ValueError(str(error)) from None
+    task_class, config = class_and_settings(name, overrides)
     task_class = nominal(task_class) if as_modelled else task_class
     return task_class(dataclasses.replace(config, load_from_ckpt_path=checkpoint))
 

@@ -22,8 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import ksim  # noqa: F401  (sizes the CPU thread pool before JAX starts)
-from benchmarks.tracking_breakdown import task_class_and_config
-from ksim.config import ConfigError, parse_overrides
+from benchmarks.tracking_breakdown import class_and_settings
 
 
 @dataclass
@@ -73,11 +72,7 @@ def prepare(variant: str) -> tuple[Any, Any, Timings]:
     import jax
 
     name, *overrides = variant.split()
-    task_class, config = task_class_and_config(name)
-    try:
-        config = parse_overrides(config, overrides)
-    except ConfigError as error:
-        raise ValueError(f"{name}: {error}") from None
+    task_class, config = class_and_settings(name, overrides)
     task = task_class(dataclasses.replace(config, num_devices=1) if hasattr(config, "num_devices") else config)
     state, metrics = task.train_step(task.init_train_state())
     jax.block_until_ready(metrics)
