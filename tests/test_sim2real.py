@@ -14,13 +14,13 @@ from examples.cartpole import CartpoleTask
 from ksim import observations as obs
 from ksim import randomization as rnd
 from ksim import rewards as rew
-from ksim.actuators import PositionActuators, delay_action
+from ksim.actuators import PositionActuators, TorqueActuators, delay_action
 from ksim.commands import VelocityCommand, advance_command, check_command_users
 from ksim.config import ConfigError
 from ksim.engine import ModelLayout, load_mujoco_model
 from ksim.events import Push, run_events
 from ksim.physics import create_engine
-from ksim.task.env import Episode
+from ksim.task.env import Episode, bind_components
 
 NUM_ENVS = 8
 
@@ -175,14 +175,16 @@ def test_actions_are_applied_after_the_configured_delay() -> None:
 FREE = BallTask(ball_config(sim2real=False)).engine.layout
 
 
-def test_scaling_a_field_the_model_sets_to_zero_is_one_line() -> None:
+def test_scaling_a_field_the_model_sets_to_zero_is_refused_when_the_task_is_built() -> None:
     model = load_mujoco_model("kbot/kbot.xml")  # friction loss and armature on its joints, no damping
-    layout = ModelLayout.create(model)
-    rnd.check_scaled_fields([rnd.JointFrictionLoss(0.8, 1.2).bind(layout)], model)
+    layout, actuators = ModelLayout.create(model), TorqueActuators.from_model(model)
+
+    def bind(randomizations: list[rnd.Randomization]) -> None:
+        bind_components(layout, model, [], None, [], [], [], randomizations, None, [], actuators)
+
+    bind([rnd.JointFrictionLoss(0.8, 1.2), rnd.JointArmature(0.8, 1.2)])
     with pytest.raises(ConfigError) as error:
-        rnd.check_scaled_fields(
-            [rnd.JointArmature(0.8, 1.2).bind(layout), rnd.JointDamping(0.8, 1.2).bind(layout)], model
-        )
+        bind([rnd.JointArmature(0.8, 1.2), rnd.JointDamping(0.8, 1.2)])
     assert str(error.value) == (
         "JointDamping scales dof_damping, which the model sets to 0 on every dof it names: "
         "there is nothing to randomize"

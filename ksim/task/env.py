@@ -15,6 +15,7 @@ from typing import Any, Protocol
 
 import jax
 import jax.numpy as jnp
+import mujoco
 import numpy as np
 
 from ksim.actuators import Actuators, delay_action
@@ -23,7 +24,13 @@ from ksim.commands import Command, advance_command, check_command_users, start_c
 from ksim.engine import ModelLayout, PhysicsEngine, StepContext
 from ksim.events import Event, run_events, start_event_timers
 from ksim.observations import Observation, add_noise, check_noise, noise_scales
-from ksim.randomization import Randomization, Randomized, check_randomizations, sample_randomizations
+from ksim.randomization import (
+    Randomization,
+    Randomized,
+    check_randomizations,
+    check_scaled_fields,
+    sample_randomizations,
+)
 from ksim.reporting import unique_names
 from ksim.resets import Reset
 from ksim.rewards import Reward
@@ -92,6 +99,7 @@ class Components:
 
 def bind_components(
     layout: ModelLayout,
+    mj_model: mujoco.MjModel,
     observations: Sequence[Observation],
     critic_observations: Sequence[Observation] | None,
     rewards: Sequence[Reward],
@@ -104,7 +112,7 @@ def bind_components(
 ) -> Components:
     """A task's components, each bound to the model's layout (its names resolved once); ConfigError for one
     that cannot apply (an unknown name, a command nobody reads, noise on the wrong axes, a randomization the
-    actuators cannot take)."""
+    actuators cannot take or a model field of zeros it would scale)."""
     actor_group = bind_all(layout, observations)
     critic_group = None if critic_observations is None else bind_all(layout, critic_observations)
     bound_rewards, bound_terminations = bind_all(layout, rewards), bind_all(layout, terminations)
@@ -125,6 +133,7 @@ def bind_components(
     check_command_users(bound.command, (*observers, *bound.rewards))
     check_noise(bound.observations)
     check_randomizations(bound.randomizations, actuators)
+    check_scaled_fields(bound.randomizations, mj_model)
     return bound
 
 

@@ -32,7 +32,7 @@ from ksim.events import Event
 from ksim.normalization import fold_batch, scale_by_return_std
 from ksim.observations import Observation
 from ksim.physics import PHYSICS_IMPLS, create_engine
-from ksim.randomization import Randomization, check_scaled_fields
+from ksim.randomization import Randomization
 from ksim.resets import Reset
 from ksim.rewards import Reward
 from ksim.task.checkpointing import RunCheckpoints, task_metadata
@@ -79,6 +79,7 @@ class RLTask(ABC, Generic[ConfigT]):
         # Every component resolves its names once, here; refusals come before anything compiles.
         self.components = components = bind_components(
             self.engine.layout,
+            self.engine.mj_model,
             self.get_observations(),
             self.get_critic_observations(),
             self.get_rewards(),
@@ -89,7 +90,6 @@ class RLTask(ABC, Generic[ConfigT]):
             self.get_events(),
             self.get_actuators(),
         )
-        check_scaled_fields(components.randomizations, self.engine.mj_model)
         self.actuators, self.critic_observations = components.actuators, components.critic_observations
         self.curriculum = self.get_terrain_curriculum()
         steps = episode_steps(config)
