@@ -25,6 +25,15 @@ from collections.abc import Callable
 from typing import Any
 
 import ksim  # noqa: F401  (sizes the CPU thread pool before JAX starts)
+from benchmarks.train_step_split import (
+    Timings,
+    compile_rollout,
+    empty_timings,
+    first_train_step,
+    one_device,
+    repeat,
+    split,
+)
 
 IMPLS = ("jax", "mujoco")
 
@@ -76,7 +85,7 @@ def start_data(task: Any) -> Any:
 
 @dataclasses.dataclass
 class Runner:
-    """One implementation's task, state and timed programs."""
+    """One implementation's task, state, physics program and timings."""
 
     task: Any
     state: Any
@@ -84,46 +93,31 @@ class Runner:
     physics_first_s: float
     physics: Callable[[Any, Any], Any]
     data: Any
-    times: dict[str, list[float]] = dataclasses.field(
-        default_factory=lambda: {"physics": [], "rollout": [], "train": [], "train_physics": []}
-    )
+    timings: Timings  # the rollout, the train step and its physics calls (train_step_split's)
+    physics_alone: list[float] = dataclasses.field(default_factory=list)
 
     def repeat(self, index: int) -> None:
         import jax
 
         start = time.perf_counter()
         self.data = jax.block_until_ready(self.physics(self.data, jax.random.PRNGKey(index)))
-        self.times["physics"].append(time.perf_counter() - start)
-        start = time.perf_counter()
-        jax.block_until_ready(self.task.programs["rollout"](self.state.shared, self.state.env))
-        self.times["rollout"].append(time.perf_counter() - start)
-        clock = getattr(self.task.engine, "host_clock", None)
-        host_before = clock.seconds if clock else 0.0
-        start = time.perf_counter()
-        self.state, metrics = self.task.train_step(self.state)
-        jax.block_until_ready(metrics)
-        self.times["train"].append(time.perf_counter() - start)
-        if clock:
-            self.times["train_physics"].append(clock.seconds - host_before)
+        self.physics_alone.append(time.perf_counter() - start)
+        self.state = repeat(self.task, self.state, self.timings)
 
 
 def build(task_class: type, config: Any, impl: str) -> Runner:
     import jax
 
     start = time.perf_counter()
-    overrides: dict[str, Any] = {"physics_impl": impl, "compilation_cache_dir": ""}
-    if hasattr(config, "num_devices"):
-        overrides["num_devices"] = 1
-    task = task_class(dataclasses.replace(config, **overrides))
-    state, metrics = task.train_step(task.init_train_state())
-    jax.block_until_ready(metrics)
+    task = task_class(one_device(config, physics_impl=impl, compilation_cache_dir=""))
+    state = first_train_step(task)
     cold = time.perf_counter() - start
     physics, data = physics_program(task), start_data(task)
     start = time.perf_counter()
     data = jax.block_until_ready(physics(data, jax.random.PRNGKey(0)))
     physics_first = time.perf_counter() - start
-    jax.block_until_ready(task.programs["rollout"](state.shared, state.env))  # compiles the rollout alone
-    return Runner(task, state, cold, physics_first, physics, data)
+    compile_rollout(task, state)
+    return Runner(task, state, cold, physics_first, physics, data, empty_timings(task))
 
 
 def report(name: str, runners: dict[str, Runner]) -> None:
@@ -137,17 +131,19 @@ def report(name: str, runners: dict[str, Runner]) -> None:
         "| update share |"
     )
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
-    medians = {impl: {k: statistics.median(v) for k, v in r.times.items() if v} for impl, r in runners.items()}
+    physics_alone = {impl: statistics.median(runner.physics_alone) for impl, runner in runners.items()}
     for impl, runner in runners.items():
-        m = medians[impl]
-        own = f"{m['train'] / m['train_physics']:.2f}" if "train_physics" in m else "-"
+        row = split(runner.timings)
+        own = "-" if row.physics_s is None else f"{row.train_s / row.physics_s:.2f}"
         print(
-            f"| {impl} | {runner.cold_start_s:.1f} | {runner.physics_first_s:.1f} | {env_steps / m['physics']:,.0f} "
-            f"| {env_steps / m['rollout']:,.0f} | {env_steps / m['train']:,.0f} | {m['train'] / m['physics']:.2f} "
-            f"| {own} | {(m['train'] - m['rollout']) / m['train']:.0%} |"
+            f"| {impl} | {runner.cold_start_s:.1f} | {runner.physics_first_s:.1f} "
+            f"| {env_steps / physics_alone[impl]:,.0f} | {env_steps / row.rollout_s:,.0f} "
+            f"| {row.env_steps_per_s:,.0f} | {row.train_s / physics_alone[impl]:.2f} | {own} "
+            f"| {row.update_s / row.train_s:.0%} |"
         )
-    for key in ("physics", "train"):
-        print(f"mujoco / jax, {key} env-steps/s: {medians['jax'][key] / medians['mujoco'][key]:.2f}x")
+    print(f"mujoco / jax, physics env-steps/s: {physics_alone['jax'] / physics_alone['mujoco']:.2f}x")
+    train = {impl: split(runner.timings).train_s for impl, runner in runners.items()}
+    print(f"mujoco / jax, train env-steps/s: {train['jax'] / train['mujoco']:.2f}x")
 
 
 def main() -> None:

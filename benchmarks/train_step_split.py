@@ -67,17 +67,41 @@ def table(names: Sequence[str], splits: Sequence[Split]) -> str:
     return "\n".join(lines)
 
 
-def prepare(variant: str) -> tuple[Any, Any, Timings]:
-    """The variant's task on one device, its state after a first (compiling) train step, and empty timings."""
+def one_device(config: Any, **overrides: Any) -> Any:
+    """The config with `overrides`, on one device where it has a device count."""
+    if hasattr(config, "num_devices"):
+        overrides["num_devices"] = 1
+    return dataclasses.replace(config, **overrides)
+
+
+def first_train_step(task: Any) -> Any:
+    """The state after the task's first (compiling) train step."""
     import jax
 
-    name, *overrides = variant.split()
-    task_class, config = class_and_settings(name, overrides)
-    task = task_class(dataclasses.replace(config, num_devices=1) if hasattr(config, "num_devices") else config)
     state, metrics = task.train_step(task.init_train_state())
     jax.block_until_ready(metrics)
-    jax.block_until_ready(task.programs["rollout"](state.shared, state.env))  # compiles the rollout alone
-    return task, state, Timings(task.config.num_envs * task.config.rollout_length_frames)
+    return state
+
+
+def compile_rollout(task: Any, state: Any) -> None:
+    """Compiles the rollout on its own, as `repeat` times it."""
+    import jax
+
+    jax.block_until_ready(task.programs["rollout"](state.shared, state.env))
+
+
+def empty_timings(task: Any) -> Timings:
+    return Timings(task.config.num_envs * task.config.rollout_length_frames)
+
+
+def prepare(variant: str) -> tuple[Any, Any, Timings]:
+    """The variant's task on one device, its state after a first (compiling) train step, and empty timings."""
+    name, *overrides = variant.split()
+    task_class, config = class_and_settings(name, overrides)
+    task = task_class(one_device(config))
+    state = first_train_step(task)
+    compile_rollout(task, state)
+    return task, state, empty_timings(task)
 
 
 def repeat(task: Any, state: Any, timings: Timings) -> Any:
