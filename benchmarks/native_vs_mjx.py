@@ -132,8 +132,9 @@ def report(name: str, runners: dict[str, Runner]) -> None:
     )
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     physics_alone = {impl: statistics.median(runner.physics_alone) for impl, runner in runners.items()}
+    rows = {impl: split(runner.timings) for impl, runner in runners.items()}
     for impl, runner in runners.items():
-        row = split(runner.timings)
+        row = rows[impl]
         own = "-" if row.physics_s is None else f"{row.train_s / row.physics_s:.2f}"
         print(
             f"| {impl} | {runner.cold_start_s:.1f} | {runner.physics_first_s:.1f} "
@@ -142,8 +143,7 @@ def report(name: str, runners: dict[str, Runner]) -> None:
             f"| {row.update_s / row.train_s:.0%} |"
         )
     print(f"mujoco / jax, physics env-steps/s: {physics_alone['jax'] / physics_alone['mujoco']:.2f}x")
-    train = {impl: split(runner.timings).train_s for impl, runner in runners.items()}
-    print(f"mujoco / jax, train env-steps/s: {train['jax'] / train['mujoco']:.2f}x")
+    print(f"mujoco / jax, train env-steps/s: {rows['jax'].train_s / rows['mujoco'].train_s:.2f}x")
 
 
 def main() -> None:
