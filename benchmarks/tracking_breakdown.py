@@ -29,7 +29,7 @@ import argparse
 import dataclasses
 import importlib
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import jax
@@ -153,26 +153,37 @@ def breakdown(trace: Trace, settle_steps: int, window_steps: int = 0) -> Breakdo
     )
 
 
-def record(task: Any, shared: Any, episodes: int, seed: int) -> Trace:
-    """Plays `episodes` deterministic episodes for the task's episode length and records them."""
+def play(
+    task: Any, shared: Any, episodes: int, seed: int, measure: Callable[[Any], jax.Array]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Plays `episodes` deterministic episodes for the task's episode length: per control step (leading axis)
+    and episode, `measure(ctx)` of the step's context, the command, and whether the episode was still running
+    (its first step after an end and later ones are not)."""
     environment = task.environment
     steps = environment.settings.max_episode_steps
 
     def step_one(shared: Any, episode: Any) -> tuple[Any, tuple[jax.Array, jax.Array, jax.Array]]:
         stepped, trajectory, ctx = deterministic_step(environment, shared, episode)
-        achieved = jax.numpy.concatenate([heading_velocity(ctx)[:2], ctx.base_ang_vel_world[2:]])
-        ended = trajectory.terminated | trajectory.truncated
-        return stepped, (achieved, episode.command, ended)
+        return stepped, (measure(ctx), episode.command, trajectory.terminated | trajectory.truncated)
 
-    def play(shared: Any, keys: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    def play_all(shared: Any, keys: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
         start = jax.vmap(environment.start_episode)(keys)
         _, outputs = jax.lax.scan(lambda ep, _: jax.vmap(step_one, in_axes=(None, 0))(shared, ep), start, None, steps)
         return outputs
 
     keys = jax.random.split(jax.random.PRNGKey(seed), episodes)
-    achieved, command, ended = jax.device_get(jax.jit(play)(jax.device_put(shared, jax.local_devices()[0]), keys))
+    measured, command, ended = jax.device_get(jax.jit(play_all)(jax.device_put(shared, jax.local_devices()[0]), keys))
     running = np.cumsum(np.concatenate([np.zeros((1, episodes)), ended[:-1]]), axis=0) == 0
-    return Trace(np.asarray(achieved), np.asarray(command), running)
+    return np.asarray(measured), np.asarray(command), running
+
+
+def record(task: Any, shared: Any, episodes: int, seed: int) -> Trace:
+    """Plays `episodes` deterministic episodes and records the heading-frame velocity and yaw rate."""
+
+    def achieved(ctx: Any) -> jax.Array:
+        return jax.numpy.concatenate([heading_velocity(ctx)[:2], ctx.base_ang_vel_world[2:]])
+
+    return Trace(*play(task, shared, episodes, seed, achieved))
 
 
 def task_class_and_config(name: str) -> tuple[type, Any]:
