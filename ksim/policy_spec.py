@@ -83,7 +83,9 @@ class ActuationSpec:
 
     kind "pd": target = default_position + action_scale * action, tracked by a PD loop (kp, kd) whose torque
     is clipped to [torque_low, torque_high] (ksim runs it every physics substep; a robot's motor driver does).
-    kind "servo": the same target, sent to position servos whose gains are kp, kd.
+    kind "servo": the same target, sent to position servos whose gains are kp, kd; where the model limits a
+    servo's force, its torque is clipped to gear x [force_low, force_high] (None: no servo is limited; one that
+    is not has the float32 extremes).
     kind "torque": torque = gear * clip(action_scale * action, ctrl_low, ctrl_high).
     MuJoCo's `ctrl` is torque / gear for "pd" and "torque", gear * target for "servo", clipped to ctrl_low/high.
     """
@@ -98,6 +100,8 @@ class ActuationSpec:
     default_position: list[float] | None = None
     kp: list[float] | None = None
     kd: list[float] | None = None
+    force_low: list[float] | None = None
+    force_high: list[float] | None = None
 
 
 @dataclass(frozen=True)

@@ -182,10 +182,23 @@ def describe_actuation(mj_model: mujoco.MjModel, actuators: Actuators) -> Actuat
     )
     if isinstance(actuators, PositionActuators):
         return _with_gains(spec, "pd", actuators.default_qpos, actuators.kp, actuators.kd)
-    if isinstance(actuators, PositionServoActuators):  # the servos' gains live in the model
+    if isinstance(actuators, PositionServoActuators):  # the servos' gains and force limits live in the model
         default = actuators.default_ctrl / actuators.gear
-        return _with_gains(spec, "servo", default, mj_model.actuator_gainprm[:, 0], -mj_model.actuator_biasprm[:, 2])
+        servo = _with_gains(spec, "servo", default, mj_model.actuator_gainprm[:, 0], -mj_model.actuator_biasprm[:, 2])
+        low, high = servo_force_limits(mj_model)
+        return dataclasses.replace(servo, force_low=low, force_high=high)
     return spec
+
+
+def servo_force_limits(mj_model: mujoco.MjModel) -> tuple[list[float] | None, list[float] | None]:
+    """The actuators' force ranges as (low, high): float32 extremes where one is not limited; None where none is."""
+    limited = mj_model.actuator_forcelimited.astype(bool)
+    if not limited.any():
+        return None, None
+    unlimited = float(np.finfo(np.float32).max)
+    low = np.where(limited, mj_model.actuator_forcerange[:, 0], -unlimited)
+    high = np.where(limited, mj_model.actuator_forcerange[:, 1], unlimited)
+    return _floats(low), _floats(high)
 
 
 def _with_gains(spec: ActuationSpec, kind: str, default: np.ndarray, kp: np.ndarray, kd: np.ndarray) -> ActuationSpec:

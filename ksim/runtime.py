@@ -65,6 +65,8 @@ class ActuatorArrays:
     default_position: np.ndarray | None
     kp: np.ndarray | None
     kd: np.ndarray | None
+    force_low: np.ndarray | None = None
+    force_high: np.ndarray | None = None
 
     @classmethod
     def of(cls, spec: ActuationSpec) -> ActuatorArrays:
@@ -80,6 +82,8 @@ class ActuatorArrays:
             floats(spec.default_position),
             floats(spec.kp),
             floats(spec.kd),
+            floats(spec.force_low),
+            floats(spec.force_high),
         )
 
 
@@ -88,9 +92,10 @@ class ActuatorCommand:
     """What the actuators take for one control step.
 
     kind "pd" and "servo": `targets` (joint positions) with gains `kp`, `kd`; `torque(q, qd)` runs the PD law
-    as training did, clipped for "pd" to [torque_low, torque_high] (gear x the motors' control range; a servo
-    applies its own limits). kind "torque": `torque()`, gear x the clipped, scaled action. `ctrl(q, qd)` is
-    MuJoCo's control vector for the same, as the training environment computed it.
+    as training did, clipped to [torque_low, torque_high]: gear x the motors' control range for "pd", gear x the
+    servos' force range for "servo" (unbounded where the model does not limit it). kind "torque": `torque()`,
+    gear x the clipped, scaled action. `ctrl(q, qd)` is MuJoCo's control vector for the same, as the training
+    environment computed it.
     """
 
     kind: str
@@ -109,19 +114,28 @@ class ActuatorCommand:
 
     @property
     def torque_low(self) -> np.ndarray:
-        return self.arrays.gear * self.arrays.ctrl_low
+        return np.minimum(*self._torque_bounds())
 
     @property
     def torque_high(self) -> np.ndarray:
-        return self.arrays.gear * self.arrays.ctrl_high
+        return np.maximum(*self._torque_bounds())
+
+    def _torque_bounds(self) -> tuple[np.ndarray, np.ndarray]:
+        """gear x the range that bounds the torque: the control range for "pd", the force range for "servo"."""
+        arrays = self.arrays
+        if self.kind == "servo":
+            if arrays.force_low is None or arrays.force_high is None:
+                unbounded = np.full_like(arrays.gear, np.inf)
+                return -unbounded, unbounded
+            return arrays.gear * arrays.force_low, arrays.gear * arrays.force_high
+        return arrays.gear * arrays.ctrl_low, arrays.gear * arrays.ctrl_high
 
     def torque(self, q: np.ndarray | None = None, qd: np.ndarray | None = None) -> np.ndarray:
         """Joint torques (N m or N): the PD law at joint positions `q` and velocities `qd` ("pd", "servo"), or the
         policy's torques ("torque")."""
         if self.kind == "torque":
             return (self.arrays.gear * self.ctrl()).astype(F32)
-        torque = self._pd_law(q, qd)
-        return torque if self.kind == "servo" else np.clip(torque, self.torque_low, self.torque_high).astype(F32)
+        return np.clip(self._pd_law(q, qd), self.torque_low, self.torque_high).astype(F32)
 
     def ctrl(self, q: np.ndarray | None = None, qd: np.ndarray | None = None) -> np.ndarray:
         """MuJoCo's `ctrl` for this command (actuator order), clipped to the actuators' control ranges."""

@@ -9,6 +9,8 @@ import pytest
 from ksim.actuators import PositionServoActuators
 from ksim.config import ConfigError
 from ksim.physics import create_engine
+from ksim.robot_side import describe_actuation
+from ksim.runtime import ActuatorArrays, ActuatorCommand
 
 # A planar two-legged robot on position servos, its keyframe a crouch (knees bent) that action 0 must hold.
 LEGS = "".join(
@@ -100,3 +102,32 @@ def test_a_model_with_motors_is_refused_naming_them() -> None:
         "'front_hip_motor' is a motor; 'front_knee_motor' is a motor;"
     )
     assert str(refused.value).endswith("(for <motor> actuators use TorqueActuators or PositionActuators)")
+
+
+def test_the_exported_servos_torque_is_what_mujoco_applies_within_the_force_limits() -> None:
+    """A robot-side runtime computes a servo's torque as MuJoCo does, clipped where the model limits the force."""
+    limited = "".join(
+        f'<position joint="{j}" kp="120" kv="4" ctrlrange="-2.5 2.5" ctrllimited="true"'
+        + (' forcerange="-20 30" forcelimited="true"/>' if "knee" in j else "/>")
+        for j in JOINTS
+    )
+    for actuators_xml, limits in ((limited, True), (SERVOS, False)):
+        mj_model = servo_robot(actuators_xml)
+        actuators = PositionServoActuators.from_model(mj_model, action_scale=0.5)
+        spec = describe_actuation(mj_model, actuators)
+        if limits:
+            big = float(np.finfo(np.float32).max)
+            assert spec.force_low == [-big, -20.0, -big, -20.0] and spec.force_high == [big, 30.0, big, 30.0]
+        else:
+            assert spec.force_low is None and spec.force_high is None
+        data = mujoco.MjData(mj_model)
+        mujoco.mj_resetDataKeyframe(mj_model, data, 0)
+        data.qvel[3:] = [0.5, -2.0, 1.0, 3.0]
+        q, qd = data.qpos[3:].astype(np.float32), data.qvel[3:].astype(np.float32)
+        action = np.array([1.0, -1.0, -1.0, 1.0], np.float32)  # 0.5 rad off: 60 N m from kp alone
+        targets = np.asarray(spec.default_position, np.float32) + 0.5 * action
+        command = ActuatorCommand("servo", action, targets, ActuatorArrays.of(spec))
+        data.ctrl[:] = command.ctrl(q, qd)
+        mujoco.mj_forward(mj_model, data)
+        np.testing.assert_allclose(command.torque(q, qd), data.qfrc_actuator[3:], rtol=1e-5, atol=1e-4)
+        assert (np.abs(command.torque(q, qd)[[1, 3]]) <= 30.0).all() == limits
