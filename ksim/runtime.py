@@ -153,7 +153,9 @@ class ActuatorCommand:
         kp, kd = self.arrays.kp, self.arrays.kd
         if self.targets is None or kp is None or kd is None or q is None or qd is None:
             raise RuntimeInputError(f"{self.kind!r} actuation needs the joint positions and velocities")
-        return (kp * (self.targets - np.asarray(q, F32)) - kd * np.asarray(qd, F32)).astype(F32)
+        # a servo tracks its ctrl, the target clipped to the control range (a "pd" target is not clipped)
+        targets = self.ctrl() / self.arrays.gear if self.kind == "servo" else self.targets
+        return (kp * (targets - np.asarray(q, F32)) - kd * np.asarray(qd, F32)).astype(F32)
 
 
 class PolicyRuntime:

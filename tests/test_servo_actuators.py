@@ -124,10 +124,11 @@ def test_the_exported_servos_torque_is_what_mujoco_applies_within_the_force_limi
         mujoco.mj_resetDataKeyframe(mj_model, data, 0)
         data.qvel[3:] = [0.5, -2.0, 1.0, 3.0]
         q, qd = data.qpos[3:].astype(np.float32), data.qvel[3:].astype(np.float32)
-        action = np.array([1.0, -1.0, -1.0, 1.0], np.float32)  # 0.5 rad off: 60 N m from kp alone
-        targets = np.asarray(spec.default_position, np.float32) + 0.5 * action
-        command = ActuatorCommand("servo", action, targets, ActuatorArrays.of(spec))
-        data.ctrl[:] = command.ctrl(q, qd)
-        mujoco.mj_forward(mj_model, data)
-        np.testing.assert_allclose(command.torque(q, qd), data.qfrc_actuator[3:], rtol=1e-5, atol=1e-4)
-        assert (np.abs(command.torque(q, qd)[[1, 3]]) <= 30.0).all() == limits
+        # 0.5 rad off (60 N m from kp alone); then targets beyond the control range, which the servo clips
+        for action in (np.array([1.0, -1.0, -1.0, 1.0], np.float32), np.array([8.0, -8.0, 8.0, 8.0], np.float32)):
+            targets = np.asarray(spec.default_position, np.float32) + 0.5 * action
+            command = ActuatorCommand("servo", action, targets, ActuatorArrays.of(spec))
+            data.ctrl[:] = command.ctrl(q, qd)
+            mujoco.mj_forward(mj_model, data)
+            np.testing.assert_allclose(command.torque(q, qd), data.qfrc_actuator[3:], rtol=1e-5, atol=1e-3)
+            assert (np.abs(command.torque(q, qd)[[1, 3]]) <= 30.0).all() == limits
