@@ -65,26 +65,41 @@ class ActuatorArrays:
     default_position: np.ndarray | None
     kp: np.ndarray | None
     kd: np.ndarray | None
-    force_low: np.ndarray | None = None
-    force_high: np.ndarray | None = None
+    torque_low: np.ndarray  # the PD torque's bounds ("pd", "servo"): see ActuatorCommand
+    torque_high: np.ndarray
 
     @classmethod
     def of(cls, spec: ActuationSpec) -> ActuatorArrays:
         def floats(values: list[float] | None) -> np.ndarray | None:
             return None if values is None else np.asarray(values, F32)
 
+        gear = np.asarray(spec.gear, F32)
+        ctrl_low, ctrl_high = np.asarray(spec.ctrl_low, F32), np.asarray(spec.ctrl_high, F32)
+        bounds = torque_bounds(spec, gear, ctrl_low, ctrl_high)
         return cls(
             spec.kind,
             F32(spec.action_scale),
-            np.asarray(spec.gear, F32),
-            np.asarray(spec.ctrl_low, F32),
-            np.asarray(spec.ctrl_high, F32),
+            gear,
+            ctrl_low,
+            ctrl_high,
             floats(spec.default_position),
             floats(spec.kp),
             floats(spec.kd),
-            floats(spec.force_low),
-            floats(spec.force_high),
+            np.minimum(*bounds),
+            np.maximum(*bounds),
         )
+
+
+def torque_bounds(
+    spec: ActuationSpec, gear: np.ndarray, ctrl_low: np.ndarray, ctrl_high: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """gear x the range that bounds the PD torque: the control range for "pd", the force range for "servo"
+    (unbounded without one)."""
+    if spec.kind != "servo":
+        return gear * ctrl_low, gear * ctrl_high
+    if spec.force_low is None or spec.force_high is None:
+        return np.full_like(gear, -np.inf), np.full_like(gear, np.inf)
+    return gear * np.asarray(spec.force_low, F32), gear * np.asarray(spec.force_high, F32)
 
 
 @dataclass(frozen=True)
@@ -114,21 +129,11 @@ class ActuatorCommand:
 
     @property
     def torque_low(self) -> np.ndarray:
-        return np.minimum(*self._torque_bounds())
+        return self.arrays.torque_low
 
     @property
     def torque_high(self) -> np.ndarray:
-        return np.maximum(*self._torque_bounds())
-
-    def _torque_bounds(self) -> tuple[np.ndarray, np.ndarray]:
-        """gear x the range that bounds the torque: the control range for "pd", the force range for "servo"."""
-        arrays = self.arrays
-        if self.kind == "servo":
-            if arrays.force_low is None or arrays.force_high is None:
-                unbounded = np.full_like(arrays.gear, np.inf)
-                return -unbounded, unbounded
-            return arrays.gear * arrays.force_low, arrays.gear * arrays.force_high
-        return arrays.gear * arrays.ctrl_low, arrays.gear * arrays.ctrl_high
+        return self.arrays.torque_high
 
     def torque(self, q: np.ndarray | None = None, qd: np.ndarray | None = None) -> np.ndarray:
         """Joint torques (N m or N): the PD law at joint positions `q` and velocities `qd` ("pd", "servo"), or the
