@@ -275,10 +275,13 @@ class FeetSlip(Reward):
 class FootSwingTracking(Reward):
     """Feet follow a gait clock: exp(-sum of (height - target)^2 / sigma^2) over the feet.
 
-    A foot's height is that of its frame: a site, geom or body (looked up in that order). Foot i's target
-    height is `ground_height` + `swing_height` * max(sin(2 pi (t / period_s + offsets[i])), 0):
-    it swings in one half of its cycle and stands in the other. Offsets (0, 0.5, 0.5, 0) for feet ordered
-    (front right, front left, rear right, rear left) make a trot. Pair it with `GaitPhase` of the same period.
+    A foot's height is that of its frame: a site, geom or body (looked up in that order). Foot i is at
+    c = frac(t / period_s + offsets[i]) of its cycle; it swings while c < `swing_fraction`, to a target of
+    `ground_height` + `swing_height` * sin(pi c / swing_fraction), and stands (target `ground_height`) for the
+    rest. With the default half, the target is `ground_height` + `swing_height` * max(sin(2 pi c), 0). Offsets
+    (0, 0.5, 0.5, 0) for feet ordered (front right, front left, rear right, rear left) make a trot; a biped's
+    (0, 0.5) with `swing_fraction` below one half leaves both feet down between steps (double support).
+    Pair it with `GaitPhase` of the same period.
     With `min_command` > 0, under a command whose norm is below it every foot's target is the ground: told to
     stand, the robot stands instead of stepping in place (and drifting).
     """
@@ -290,6 +293,7 @@ class FootSwingTracking(Reward):
     ground_height: float = 0.02
     sigma: float = 0.05
     min_command: float = 0.0
+    swing_fraction: float = 0.5
     terrain: Terrain | None = None  # heights above its surface (above z = 0 without one)
     points: tuple[Point, ...] = resolved()
 
@@ -303,11 +307,15 @@ class FootSwingTracking(Reward):
             raise ConfigError(f"{self.name}.offsets has {len(self.offsets)} values; feet has {len(self.feet)}")
         if self.period_s <= 0 or self.sigma <= 0:
             raise ConfigError(f"{self.name}: period_s={self.period_s} and sigma={self.sigma} must be positive")
+        if not 0 < self.swing_fraction < 1:
+            raise ConfigError(f"{self.name}.swing_fraction={self.swing_fraction} must be in (0, 1)")
         return with_resolved(self, points=points)
 
     def value(self, ctx: StepContext) -> Array:
-        phase = 2 * jnp.pi * (ctx.data.time / self.period_s + jnp.asarray(self.offsets))
-        swing = self.swing_height * jnp.maximum(jnp.sin(phase), 0.0)
+        cycle = jnp.mod(ctx.data.time / self.period_s + jnp.asarray(self.offsets), 1.0)
+        swinging = cycle < self.swing_fraction
+        lift = jnp.sin(jnp.pi * jnp.minimum(cycle / self.swing_fraction, 1.0))
+        swing = self.swing_height * jnp.where(swinging, lift, 0.0)
         if self.min_command > 0:
             swing = jnp.where(jnp.linalg.norm(ctx.command) < self.min_command, 0.0, swing)
         target = self.ground_height + swing

@@ -73,6 +73,20 @@ def test_gait_components_at_the_home_pose() -> None:
     feet = np.asarray([data.xpos[engine.layout.body_names.index(foot), 2] for foot in FEET])
     miss = feet - (0.022 + np.array([0.08, 0.0, 0.0, 0.08]))
     assert float(swing.value(quarter)) == pytest.approx(np.exp(-np.sum(miss**2) / 0.05**2), rel=1e-4)
+    # A swing of 0.4 of the cycle: a quarter cycle is 0.625 of the way through FR and RL's swing; at 0.45 of the
+    # cycle every foot stands (FR and RL have landed, FL and RR at 0.95 have not lifted): double support.
+    short = rew.FootSwingTracking(
+        scale=1.0, feet=FEET, offsets=(0.0, 0.5, 0.5, 0.0), ground_height=0.022, swing_fraction=0.4
+    ).bind(ctx.layout)
+    lift = 0.08 * np.sin(np.pi * 0.625)
+    miss = feet - (0.022 + np.array([lift, 0.0, 0.0, lift]))
+    assert float(short.value(quarter)) == pytest.approx(np.exp(-np.sum(miss**2) / 0.05**2), rel=1e-4)
+    between = ctx.replace(data=data.replace(time=jnp.asarray(0.225)))
+    assert float(short.value(between)) == pytest.approx(np.exp(-np.sum((feet - 0.022) ** 2) / 0.05**2), rel=1e-4)
+    with pytest.raises(ConfigError, match=r"swing_fraction=1.0 must be in \(0, 1\)"):
+        rew.FootSwingTracking(scale=1.0, feet=FEET, offsets=(0.0, 0.5, 0.5, 0.0), swing_fraction=1.0).bind(
+            engine.layout
+        )
     # With min_command, a zero command makes every target the ground; a command above it keeps the swing.
     standing = rew.FootSwingTracking(
         scale=1.0, feet=FEET, offsets=(0.0, 0.5, 0.5, 0.0), ground_height=0.022, min_command=0.1
