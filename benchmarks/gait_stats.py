@@ -25,12 +25,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from benchmarks.tracking_breakdown import build_task, play, steps_since_change
+from benchmarks.tracking_breakdown import load_tracking_task, play, steps_since_change
 from ksim.config import ConfigError
 from ksim.engine import Point
 from ksim.observations import feet_geoms
 from ksim.rewards import feet_points
-from ksim.task.evaluation import tracks_velocity
 
 
 class FeetTrace(NamedTuple):
@@ -162,18 +161,12 @@ def main() -> None:
         parser.error(f"--walking-speed={args.walking_speed:g} must be >= 0")
     if args.episodes < 1:
         parser.error(f"--episodes={args.episodes} must be >= 1")
-    try:
-        task = build_task(args.task, args.checkpoint, args.settings)
-    except ValueError as error:
-        parser.error(str(error))
-    if not tracks_velocity(task.environment.components.command):
-        parser.error(f"{args.task} has no velocity command (get_command returns no VelocityCommand)")
+    task, shared = load_tracking_task(parser, args)
     try:
         geoms = feet_geoms(task.engine.layout, feet, "--feet")
         points = feet_points(task.engine.layout, feet, "--feet")
     except ConfigError as error:
         parser.error(str(error))
-    shared = task.checkpoints.load(args.checkpoint)["shared"].deployed()
     trace = record_feet(task, shared, geoms, points, args.episodes, args.seed)
     window = max(1, round(args.window_s / task.config.ctrl_dt))
     settle = max(1, round(args.settle_s / task.config.ctrl_dt))

@@ -216,6 +216,20 @@ def build_task(name: str, checkpoint: str, overrides: Sequence[str] = (), as_mod
     return task_class(dataclasses.replace(config, load_from_ckpt_path=checkpoint))
 
 
+def load_tracking_task(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, as_modelled: bool = False
+) -> tuple[Any, Any]:
+    """The task of `args.task` with the run's settings and its checkpoint's deployed state; parser.error (one
+    line) when it cannot be built or has no velocity command to track."""
+    try:
+        task = build_task(args.task, args.checkpoint, args.settings, as_modelled=as_modelled)
+    except ValueError as error:
+        parser.error(str(error))
+    if not tracks_velocity(task.environment.components.command):
+        parser.error(f"{args.task} has no velocity command (get_command returns no VelocityCommand): nothing to track")
+    return task, task.checkpoints.load(args.checkpoint)["shared"].deployed()
+
+
 class Band(NamedTuple):
     name: str
     share: float  # of the running steps
@@ -325,13 +339,7 @@ def main() -> None:
     edges = parse_edges(args.forward_bands)
     if edges is None:
         parser.error(f"--forward-bands={args.forward_bands}: give increasing numbers, comma-separated (m/s)")
-    try:
-        task = build_task(args.task, args.checkpoint, args.settings, as_modelled=args.nominal)
-    except ValueError as error:
-        parser.error(str(error))
-    if not tracks_velocity(task.environment.components.command):
-        parser.error(f"{args.task} has no velocity command (get_command returns no VelocityCommand): nothing to track")
-    shared = task.checkpoints.load(args.checkpoint)["shared"].deployed()
+    task, shared = load_tracking_task(parser, args, as_modelled=args.nominal)
     settle_steps = max(1, round(args.settle_s / task.config.ctrl_dt))
     window_steps = round(args.window_s / task.config.ctrl_dt)
     trace = record(task, shared, args.episodes, args.seed)
