@@ -313,9 +313,8 @@ class FootSwingTracking(Reward):
 
     def value(self, ctx: StepContext) -> Array:
         cycle = jnp.mod(ctx.data.time / self.period_s + jnp.asarray(self.offsets), 1.0)
-        swinging = cycle < self.swing_fraction
-        lift = jnp.sin(jnp.pi * jnp.minimum(cycle / self.swing_fraction, 1.0))
-        swing = self.swing_height * jnp.where(swinging, lift, 0.0)
+        lift = jnp.where(cycle < self.swing_fraction, jnp.sin(jnp.pi * cycle / self.swing_fraction), 0.0)
+        swing = self.swing_height * lift
         if self.min_command > 0:
             swing = jnp.where(jnp.linalg.norm(ctx.command) < self.min_command, 0.0, swing)
         target = self.ground_height + swing
