@@ -295,18 +295,20 @@ class ActuatorTable:
             if int(mj_model.actuator_gaintype[i]) not in affine:
                 return None
         joints = [int(j) for j in mj_model.actuator_trnid[:, 0]]
-        inf = float("inf")
         return cls(
             qpos=tuple(int(mj_model.jnt_qposadr[j]) for j in joints),
             qvel=tuple(int(mj_model.jnt_dofadr[j]) for j in joints),
             gain=tuple(float(g) for g in mj_model.actuator_gainprm[:, 0]),
             bias=tuple((float(b[0]), float(b[1]), float(b[2])) for b in mj_model.actuator_biasprm[:, :3]),
             gear=tuple(float(g) for g in mj_model.actuator_gear[:, 0]),
-            force_range=tuple(
-                (float(r[0]), float(r[1])) if limited else (-inf, inf)
-                for r, limited in zip(mj_model.actuator_forcerange, mj_model.actuator_forcelimited, strict=True)
-            ),
+            force_range=tuple((float(low), float(high)) for low, high in actuator_force_ranges(mj_model)),
         )
+
+
+def actuator_force_ranges(mj_model: mujoco.MjModel) -> np.ndarray:
+    """Per actuator, (low, high) of its force: its force range where it is force-limited, +-inf where not."""
+    limited = mj_model.actuator_forcelimited.astype(bool)[:, None]
+    return np.where(limited, mj_model.actuator_forcerange, np.array([-np.inf, np.inf]))
 
 
 def default_pose(mj_model: mujoco.MjModel) -> np.ndarray:

@@ -18,7 +18,7 @@ from ksim import observations as obs
 from ksim.actuators import Actuators, PositionActuators, PositionServoActuators, TorqueActuators, actuator_labels
 from ksim.commands import Command, VelocityCommand
 from ksim.config import ConfigError
-from ksim.engine import ModelLayout
+from ksim.engine import ModelLayout, actuator_force_ranges
 from ksim.policy_spec import (
     BASE_ANGULAR_VELOCITY,
     BASE_HEIGHT,
@@ -192,13 +192,11 @@ def describe_actuation(mj_model: mujoco.MjModel, actuators: Actuators) -> Actuat
 
 def servo_force_limits(mj_model: mujoco.MjModel) -> tuple[list[float] | None, list[float] | None]:
     """The actuators' force ranges as (low, high): float32 extremes where one is not limited; None where none is."""
-    limited = mj_model.actuator_forcelimited.astype(bool)
-    if not limited.any():
+    if not mj_model.actuator_forcelimited.any():
         return None, None
-    unlimited = float(np.finfo(np.float32).max)
-    low = np.where(limited, mj_model.actuator_forcerange[:, 0], -unlimited)
-    high = np.where(limited, mj_model.actuator_forcerange[:, 1], unlimited)
-    return _floats(low), _floats(high)
+    unlimited = float(np.finfo(np.float32).max)  # JSON has no infinity
+    ranges = np.clip(actuator_force_ranges(mj_model), -unlimited, unlimited)
+    return _floats(ranges[:, 0]), _floats(ranges[:, 1])
 
 
 def _with_gains(spec: ActuationSpec, kind: str, default: np.ndarray, kp: np.ndarray, kd: np.ndarray) -> ActuationSpec:
