@@ -1,11 +1,12 @@
 """K-Scale's K-Bot (36 kg, 20 joints; `ksim/assets/kbot/`, MIT) walking where a joystick tells it.
 
-The motors run the real firmware's PD loop: kp, kd and torque limits from the robot's `metadata.json`. The actor
-reads only what the robot measures, with noise: the IMU's gyro and orientation (`imu_site` sensors), joint
-encoders, its last action, the command and a gait clock; one control step of action delay. The critic also
-reads the true base velocity and height and the feet's contacts. Commands: forward -0.5..1.2 m/s, lateral
--0.5..0.5 m/s, yaw rate -1..1 rad/s, or stand still (one in ten). Floor friction, masses, centre of mass,
-armature, joint friction and gains are randomized per episode, and the robot is pushed.
+The motors run the real firmware's PD loop (kp, kd and torque limits from the robot's `metadata.json`) as MuJoCo
+position servos, so a control step is one physics call. The actor reads only what the robot measures, with noise:
+the IMU's gyro and orientation (`imu_site` sensors), joint encoders, its last action, the command and a gait
+clock; one control step of action delay. The critic also reads the true base velocity and height and the feet's
+touch sensors. Commands: forward -0.5..1.2 m/s, lateral -0.5..0.5 m/s, yaw rate -1..1 rad/s, or stand still (one
+in ten). Floor friction, masses, centre of mass, armature, joint friction and gains are randomized per episode,
+and the robot is pushed.
 
     python -m examples.kbot
     python -m examples.kbot mode=eval load_from_ckpt_path=RUN/checkpoints/ckpt_latest.bin video_path=kbot.gif
@@ -21,7 +22,7 @@ from ksim import observations as obs
 from ksim import randomization as rnd
 from ksim import rewards as rew
 from ksim import terminations as term
-from ksim.actuators import Actuators, PositionActuators, gains_from_metadata
+from ksim.actuators import Actuators, PositionServoActuators, as_position_servos, gains_from_metadata
 from ksim.commands import Command, VelocityCommand
 from ksim.engine import ASSETS_DIR, load_mujoco_model
 from ksim.events import Event, Push
@@ -29,7 +30,6 @@ from ksim.resets import RandomJointPositions, RandomJointVelocities, Reset
 from ksim.task.distributed_ppo import DistributedPPOConfig, DistributedPPOTask
 
 FEET = ("left_foot", "right_foot")  # sites at the soles (heights); their bodies' capsules touch the floor
-FOOT_BODIES = ("LFootBushing_GPF_1517_12", "RFootBushing_GPF_1517_12")
 SOLE_HEIGHT = 0.02  # a foot site's height when the foot stands on the floor, m
 
 
@@ -41,7 +41,8 @@ class KBotConfig(DistributedPPOConfig):
 
 class KBotTask(DistributedPPOTask[KBotConfig]):
     def get_mujoco_model(self) -> mujoco.MjModel:
-        return load_mujoco_model("kbot/kbot.xml")
+        model = load_mujoco_model("kbot/kbot.xml")
+        return as_position_servos(model, gains_from_metadata(model, ASSETS_DIR / "kbot" / "metadata.json"))
 
     def get_observations(self) -> Sequence[obs.Observation]:
         return [
@@ -59,7 +60,8 @@ class KBotTask(DistributedPPOTask[KBotConfig]):
             *(replace(o, noise=0.0) for o in self.get_observations()),
             obs.BaseLinearVelocity(),
             obs.BaseHeight(),
-            obs.FeetContact(feet=FOOT_BODIES),
+            obs.Sensor(sensor="left_foot_touch", scale=0.005),  # N; computed with the step, unlike FeetContact
+            obs.Sensor(sensor="right_foot_touch", scale=0.005),
         ]
 
     def get_command(self) -> Command | None:
@@ -109,23 +111,19 @@ class KBotTask(DistributedPPOTask[KBotConfig]):
         return [Push(max_velocity=(0.3, 0.3, 0.0), interval_s=(5.0, 10.0))]
 
     def get_actuators(self) -> Actuators:
-        model = self.engine.mj_model
-        gains = gains_from_metadata(model, ASSETS_DIR / "kbot" / "metadata.json")
-        return PositionActuators.from_model(
-            model, gains.kp, gains.kd, self.engine.default_qpos, self.config.action_scale, gains.torque_limit
-        )
+        return PositionServoActuators.from_model(self.engine.mj_model, self.config.action_scale)
 
 
 DEFAULT_CONFIG = KBotConfig(
-    num_envs=128,
-    batch_size=32,
+    num_envs=256,
+    batch_size=64,
     num_passes=4,
     rollout_length_frames=24,
     ctrl_dt=0.02,
     dt=0.005,
     episode_length_s=10.0,
     action_delay_steps=1,
-    num_steps=6000,
+    num_steps=4000,
     learning_rate=1e-3,
     learning_rate_schedule="adaptive",
     desired_kl=0.02,  # twice rsl_rl's step per update: K-Bot learns by updates, not samples (docs/benchmarks.md)
@@ -135,9 +133,9 @@ DEFAULT_CONFIG = KBotConfig(
     actor_hidden=[128, 128],
     critic_hidden=[128, 128],
     log_every_n_steps=10,
-    eval_every_n_steps=100,
+    eval_every_n_steps=50,
     eval_episodes=64,
-    save_every_n_steps=200,
+    save_every_n_steps=100,
     robot_inputs_only=True,
 )
 

@@ -11,6 +11,7 @@ Which class fits a model depends on its MJCF actuators (`actuator_kind` names th
 
 from __future__ import annotations
 
+import copy
 import json
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
@@ -24,6 +25,7 @@ import mujoco
 import numpy as np
 
 from ksim.config import ConfigError
+from ksim.engine import actuator_force_ranges
 
 if TYPE_CHECKING:  # MJX's types only: the native engine runs without importing MJX
     from mujoco import mjx
@@ -278,3 +280,42 @@ def gains_from_metadata(mj_model: mujoco.MjModel, path: str | Path) -> JointGain
                 raise ConfigError(f"{path}: joint {joint!r} field {field!r} is {text!r}, not a positive number")
             values[field][i] = value
     return JointGains(values["kp"], values["kd"], values["soft_torque_limit"])
+
+
+def as_position_servos(mj_model: mujoco.MjModel, gains: JointGains) -> mujoco.MjModel:
+    """A copy of `mj_model` whose `<motor>` actuators are position servos with `gains` (joint units, as
+    `PositionActuators` takes them) and force ranges narrowed to the torque limits; ConfigError in one line
+    naming an actuator that is not a motor on a hinge or slide joint.
+
+    MuJoCo then runs the PD law inside its step, so the native engine steps a control step's substeps in one
+    call; under the Euler integrator the torque at every substep is `PositionActuators`' (drive it with
+    `PositionServoActuators`, whose targets are likewise unclipped)."""
+    hinge_or_slide = (int(mujoco.mjtJoint.mjJNT_HINGE), int(mujoco.mjtJoint.mjJNT_SLIDE))
+    for i in range(mj_model.nu):
+        joint = int(mj_model.actuator_trnid[i, 0])
+        on_joint = mj_model.actuator_trntype[i] == mujoco.mjtTrn.mjTRN_JOINT
+        if actuator_kind(mj_model, i) != MOTOR or not on_joint or int(mj_model.jnt_type[joint]) not in hinge_or_slide:
+            raise ConfigError(
+                f"as_position_servos: actuator {actuator_names(mj_model, [i])} is a {actuator_kind(mj_model, i)}"
+                " (each actuator must be a <motor> on a hinge or slide joint)"
+            )
+    servos = copy.copy(mj_model)
+    gear = mj_model.actuator_gear[:, 0]
+    # force = gain * ctrl + bias1 * length + bias2 * velocity, with ctrl = gear * target, length = gear * q and the
+    # joint torque gear * force: joint-unit gains divide by gear squared.
+    kp, kd = gains.kp / np.square(gear), gains.kd / np.square(gear)
+    low, high = _ctrl_range(mj_model)
+    limit = np.abs(gains.torque_limit / gear)
+    force_low, force_high = actuator_force_ranges(mj_model).T
+    servos.actuator_gaintype[:] = mujoco.mjtGain.mjGAIN_FIXED
+    servos.actuator_biastype[:] = mujoco.mjtBias.mjBIAS_AFFINE
+    servos.actuator_gainprm[:] = 0.0
+    servos.actuator_biasprm[:] = 0.0
+    servos.actuator_gainprm[:, 0] = kp
+    servos.actuator_biasprm[:, 1] = -kp
+    servos.actuator_biasprm[:, 2] = -kd
+    servos.actuator_forcerange[:, 0] = np.maximum.reduce([low, force_low, -limit])
+    servos.actuator_forcerange[:, 1] = np.minimum.reduce([high, force_high, limit])
+    servos.actuator_forcelimited[:] = 1
+    servos.actuator_ctrllimited[:] = 0
+    return servos

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from examples.kbot import DEFAULT_CONFIG, KBotTask
-from ksim.actuators import PositionActuators, gains_from_metadata
+from ksim.actuators import gains_from_metadata
 from ksim.commands import VelocityCommand
 from ksim.config import ConfigError
 from ksim.engine import ASSETS_DIR, ModelLayout, load_mujoco_model
@@ -35,7 +35,7 @@ TINY = {
 }
 
 
-def test_the_motors_take_the_firmwares_gains_and_torque_limits() -> None:
+def test_the_servos_take_the_firmwares_gains_and_torque_limits() -> None:
     model = load_mujoco_model("kbot/kbot.xml")
     gains = gains_from_metadata(model, METADATA)
     table = json.loads(METADATA.read_text())["joint_name_to_metadata"]
@@ -43,9 +43,11 @@ def test_the_motors_take_the_firmwares_gains_and_torque_limits() -> None:
         joint = model.joint(int(model.actuator_trnid[i, 0])).name
         expected = [float(table[joint][field]) for field in ("kp", "kd", "soft_torque_limit")]
         np.testing.assert_allclose([gains.kp[i], gains.kd[i], gains.torque_limit[i]], expected, rtol=1e-6)
-    actuators = PositionActuators.from_model(model, gains.kp, gains.kd, model.key_qpos[0], 0.5, gains.torque_limit)
-    knee = model.actuator("dof_left_knee_04_ctrl").id
-    assert actuators.ctrl_high[knee] == pytest.approx(84.0) and actuators.ctrl_low[knee] == pytest.approx(-84.0)
+    servos = KBotTask(dataclasses.replace(DEFAULT_CONFIG, **TINY)).engine.mj_model  # the example's model
+    np.testing.assert_allclose(servos.actuator_gainprm[:, 0], gains.kp, rtol=1e-6)
+    np.testing.assert_allclose(-servos.actuator_biasprm[:, 2], gains.kd, rtol=1e-6)
+    knee = servos.actuator("dof_left_knee_04_ctrl").id
+    assert list(servos.actuator_forcerange[knee]) == pytest.approx([-84.0, 84.0])
 
 
 @pytest.mark.parametrize(

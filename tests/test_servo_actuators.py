@@ -6,7 +6,7 @@ import mujoco
 import numpy as np
 import pytest
 
-from ksim.actuators import PositionServoActuators
+from ksim.actuators import JointGains, PositionActuators, PositionServoActuators, as_position_servos
 from ksim.config import ConfigError
 from ksim.physics import create_engine
 from ksim.robot_side import describe_actuation
@@ -132,3 +132,43 @@ def test_the_exported_servos_torque_is_what_mujoco_applies_within_the_force_limi
             mujoco.mj_forward(mj_model, data)
             np.testing.assert_allclose(command.torque(q, qd), data.qfrc_actuator[3:], rtol=1e-5, atol=1e-3)
             assert (np.abs(command.torque(q, qd)[[1, 3]]) <= 30.0).all() == limits
+
+
+def test_motors_made_servos_apply_the_pd_loops_torque_at_every_substep() -> None:
+    """as_position_servos: MuJoCo's servo torque is PositionActuators' (gear 30, motor ctrlrange and torque limits
+    both clipping), so a control step's substeps need no PD loop outside the physics."""
+    motors = servo_robot("".join(f'<motor name="{j}_motor" joint="{j}" gear="30" ctrlrange="-2 2"/>' for j in JOINTS))
+    gains = JointGains(
+        kp=np.array([120.0, 80.0, 120.0, 80.0], np.float32),
+        kd=np.array([4.0, 2.0, 4.0, 2.0], np.float32),
+        torque_limit=np.array([50.0, 90.0, 50.0, 90.0], np.float32),  # the knees' 90 is past the motors' 2 x 30
+    )
+    servos = as_position_servos(motors, gains)
+    pd = PositionActuators.from_model(motors, gains.kp, gains.kd, motors.key_qpos[0], 0.5, gains.torque_limit)
+    servo = PositionServoActuators.from_model(servos, action_scale=0.5)
+    moving, held = mujoco.MjData(motors), mujoco.MjData(servos)
+    mujoco.mj_resetDataKeyframe(motors, moving, 0)
+    rng = np.random.default_rng(0)
+    saturated = 0
+    for _ in range(40):
+        action = rng.normal(0.0, 1.5, 4).astype(np.float32)
+        for _ in range(4):
+            moving.ctrl[:] = np.asarray(pd.ctrl(jnp.asarray(action), moving))
+            mujoco.mj_forward(motors, moving)
+            held.qpos[:], held.qvel[:] = moving.qpos, moving.qvel
+            held.ctrl[:] = np.asarray(servo.ctrl(jnp.asarray(action), held))
+            mujoco.mj_forward(servos, held)
+            np.testing.assert_allclose(held.qfrc_actuator, moving.qfrc_actuator, rtol=1e-4, atol=1e-3)
+            saturated += int(np.sum(np.isclose(np.abs(moving.qfrc_actuator[3:]), [50.0, 60.0, 50.0, 60.0])))
+            mujoco.mj_step(motors, moving)
+    assert saturated > 0  # the limits were reached, and clipped alike
+
+
+def test_only_motors_on_joints_are_made_servos() -> None:
+    gains = JointGains(*(np.ones(4, np.float32) for _ in range(3)))
+    with pytest.raises(ConfigError) as refused:
+        as_position_servos(servo_robot(), gains)
+    assert str(refused.value) == (
+        "as_position_servos: actuator '#0' is a position servo (each actuator must be a <motor> on a hinge or "
+        "slide joint)"
+    )
