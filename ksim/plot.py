@@ -3,8 +3,9 @@
 Training writes the same picture when it ends. The curves are read from `scalars.jsonl` (one JSON object
 per log line): the mean return and length of the episodes that ended in each logging window, and the
 deterministic evaluation return where the run evaluated (`eval_every_n_steps`), against env steps. Runs
-whose evaluations measured locomotion get a third panel: the evaluation's base speed and fall rate; runs on
-a terrain with a curriculum one more: the training envs' mean terrain level.
+whose evaluations measured locomotion get a third panel: the evaluation's fall rate beside its command and
+yaw-rate errors where the task has a velocity command, else its base speed; runs on a terrain with a curriculum
+one more: the training envs' mean terrain level.
 """
 
 from __future__ import annotations
@@ -12,9 +13,12 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ksim.reporting import SCALARS_FILE
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 PICTURE = "learning_curve.png"
 
@@ -45,9 +49,17 @@ def draw_panel(axis: Any, rows: list[dict[str, float]], quantity: str, ylabel: s
 
 
 def draw_locomotion_panel(axis: Any, rows: list[dict[str, float]]) -> None:
-    """The evaluation's mean base world-x speed (m/s, left axis) and fall rate (right axis, 0 to 1)."""
-    axis.plot(*series(rows, "eval/base_speed_x"), "o-", color="tab:green", label="base speed x (m/s)")
-    axis.set(xlabel="env steps", ylabel="m/s", title="Evaluation: speed and falls")
+    """The evaluation's fall rate (right axis, 0 to 1) and, left: for a run with a velocity command, its command
+    and yaw-rate errors (what tracking is judged by); else its mean base world-x speed (m/s)."""
+    if any("eval/command_error" in row for row in rows):
+        axis.plot(*series(rows, "eval/command_error"), "o-", color="tab:green", label="command error (m/s)")
+        steps, yaw_errors = series(rows, "eval/yaw_rate_error")
+        if steps:
+            axis.plot(steps, yaw_errors, "^-", color="tab:purple", label="yaw-rate error (rad/s)")
+        axis.set(xlabel="env steps", ylabel="m/s, rad/s", title="Evaluation: tracking and falls")
+    else:
+        axis.plot(*series(rows, "eval/base_speed_x"), "o-", color="tab:green", label="base speed x (m/s)")
+        axis.set(xlabel="env steps", ylabel="m/s", title="Evaluation: speed and falls")
     axis.grid(alpha=0.3)
     axis.ticklabel_format(axis="x", style="sci", scilimits=(0, 0))
     fall_axis = axis.twinx()
@@ -65,12 +77,10 @@ def draw_terrain_panel(axis: Any, rows: list[dict[str, float]]) -> None:
     axis.legend(fontsize=8)
 
 
-def plot_learning_curve(run_dir: str | Path, title: str | None = None) -> Path:
-    """Writes `learning_curve.png` in the run folder and returns its path."""
+def learning_curve_figure(rows: list[dict[str, float]], title: str) -> Figure:
+    """The panels for a run's logged rows: return, length, then locomotion and terrain where the run has them."""
     from matplotlib.figure import Figure  # without pyplot: a file needs no backend or display (and loads faster)
 
-    run_dir = Path(run_dir)
-    rows = read_scalars(run_dir)
     locomotion = any("eval/base_speed_x" in row for row in rows)
     terrain = any("terrain/mean_level" in row for row in rows)
     panels = 2 + locomotion + terrain
@@ -82,10 +92,16 @@ def plot_learning_curve(run_dir: str | Path, title: str | None = None) -> Path:
         draw_locomotion_panel(axes[2], rows)
     if terrain:
         draw_terrain_panel(axes[-1], rows)
-    figure.suptitle(title or run_dir.name)
+    figure.suptitle(title)
     figure.tight_layout()
+    return figure
+
+
+def plot_learning_curve(run_dir: str | Path, title: str | None = None) -> Path:
+    """Writes `learning_curve.png` in the run folder and returns its path."""
+    run_dir = Path(run_dir)
     path = run_dir / PICTURE
-    figure.savefig(path, dpi=100)
+    learning_curve_figure(read_scalars(run_dir), title or run_dir.name).savefig(path, dpi=100)
     return path
 
 

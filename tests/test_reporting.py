@@ -7,8 +7,8 @@ from pathlib import Path
 import imageio.v2 as imageio
 import numpy as np
 
+from ksim.plot import learning_curve_figure, series
 from ksim.plot import main as plot_main
-from ksim.plot import series
 from ksim.reporting import format_duration, format_line, window_scalars
 
 
@@ -53,6 +53,19 @@ def test_learning_curve_picture_from_logged_scalars(tmp_path: Path) -> None:
     picture = imageio.imread(tmp_path / "learning_curve.png")
     assert picture.shape[0] > 200 and picture.shape[1] > 500 and np.asarray(picture).std() > 0
     assert series(rows, "eval/return") == ([5000], [60.0])
+
+
+def test_a_run_with_a_command_plots_its_tracking_errors_not_its_world_x_speed() -> None:
+    train = [{"step": 1, "env_steps": 1000, "episode_return": 1.0, "episode_length": 5.0}]
+    evaluation = {"eval/return": 2.0, "eval/length": 5.0, "eval/base_speed_x": 0.1, "eval/fall_rate": 0.0}
+    commanded = {**evaluation, "eval/command_error": 0.2, "eval/yaw_rate_error": 0.3}
+    for row, title, labels in (
+        (evaluation, "Evaluation: speed and falls", ["base speed x (m/s)"]),
+        (commanded, "Evaluation: tracking and falls", ["command error (m/s)", "yaw-rate error (rad/s)"]),
+    ):
+        panel = learning_curve_figure([*train, {"step": 1, "env_steps": 1000, **row}], "run").axes[2]
+        assert panel.get_title() == title
+        assert [line.get_label() for line in panel.get_lines()] == labels
 
 
 def test_plot_of_a_folder_that_is_no_run_is_a_clear_error(tmp_path: Path, capsys) -> None:
