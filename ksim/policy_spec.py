@@ -153,7 +153,7 @@ class PolicySpec:
         return {item.reading: item.reading_size for item in self.inputs if item.reading}
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=2)
+        return json.dumps(asdict(self), indent=2, allow_nan=False)  # strict JSON, as a robot's parser reads it
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> PolicySpec:

@@ -177,8 +177,8 @@ def describe_actuation(mj_model: mujoco.MjModel, actuators: Actuators) -> Actuat
         joints,
         float(actuators.action_scale),
         _floats(gear),
-        _floats(actuators.ctrl_low),
-        _floats(actuators.ctrl_high),
+        _limits(actuators.ctrl_low),
+        _limits(actuators.ctrl_high),
     )
     if isinstance(actuators, PositionActuators):
         return _with_gains(spec, "pd", actuators.default_qpos, actuators.kp, actuators.kd)
@@ -194,9 +194,8 @@ def servo_force_limits(mj_model: mujoco.MjModel) -> tuple[list[float] | None, li
     """The actuators' force ranges as (low, high): float32 extremes where one is not limited; None where none is."""
     if not mj_model.actuator_forcelimited.any():
         return None, None
-    unlimited = float(np.finfo(np.float32).max)  # JSON has no infinity
-    ranges = np.clip(actuator_force_ranges(mj_model), -unlimited, unlimited)
-    return _floats(ranges[:, 0]), _floats(ranges[:, 1])
+    ranges = actuator_force_ranges(mj_model)
+    return _limits(ranges[:, 0]), _limits(ranges[:, 1])
 
 
 def _with_gains(spec: ActuationSpec, kind: str, default: np.ndarray, kp: np.ndarray, kd: np.ndarray) -> ActuationSpec:
@@ -242,6 +241,12 @@ def describe_command(command: Command | None) -> dict[str, object] | None:
 
 def _floats(values: np.ndarray) -> list[float]:
     return [float(v) for v in np.asarray(values, np.float64)]
+
+
+def _limits(values: np.ndarray) -> list[float]:
+    """Bounds for JSON, which has no infinity: an unbounded side becomes float32's extreme (the same clip)."""
+    unlimited = float(np.finfo(np.float32).max)
+    return _floats(np.clip(np.asarray(values, np.float64), -unlimited, unlimited))
 
 
 def _jsonable(value: object) -> object:

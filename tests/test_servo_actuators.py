@@ -1,5 +1,8 @@
 """PositionServoActuators: MJCF position servos driven around the model's keyframe pose."""
 
+import dataclasses
+import json
+
 import jax
 import jax.numpy as jnp
 import mujoco
@@ -172,3 +175,12 @@ def test_only_motors_on_joints_are_made_servos() -> None:
         "as_position_servos: actuator '#0' is a position servo (each actuator must be a <motor> on a hinge or "
         "slide joint)"
     )
+
+
+def test_servos_without_a_control_range_export_as_strict_json() -> None:
+    """JSON has no infinity (a robot's strict parser refuses `Infinity`): an unbounded side is float32's extreme."""
+    unlimited = servo_robot("".join(f'<position joint="{j}" kp="120" kv="4"/>' for j in JOINTS))
+    spec = describe_actuation(unlimited, PositionServoActuators.from_model(unlimited))
+    big = float(np.finfo(np.float32).max)
+    assert spec.ctrl_low == [-big] * 4 and spec.ctrl_high == [big] * 4
+    assert json.loads(json.dumps(dataclasses.asdict(spec), allow_nan=False))["ctrl_high"] == [big] * 4
