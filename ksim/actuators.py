@@ -72,6 +72,19 @@ def actuator_names(mj_model: mujoco.MjModel, actuators: Sequence[int]) -> str:
     return ", ".join(repr(mujoco.mj_id2name(mj_model, mujoco.mjtObj.mjOBJ_ACTUATOR, i) or f"#{i}") for i in actuators)
 
 
+def _not_on_a_joint_as(mj_model: mujoco.MjModel, kind: str) -> list[int]:
+    """The actuators that are not a `kind` (an `actuator_kind`) driving one hinge or slide joint."""
+    hinge_or_slide = (int(mujoco.mjtJoint.mjJNT_HINGE), int(mujoco.mjtJoint.mjJNT_SLIDE))
+    joint_ids = mj_model.actuator_trnid[:, 0]
+    return [
+        i
+        for i in range(mj_model.nu)
+        if actuator_kind(mj_model, i) != kind
+        or mj_model.actuator_trntype[i] != mujoco.mjtTrn.mjTRN_JOINT
+        or int(mj_model.jnt_type[joint_ids[i]]) not in hinge_or_slide
+    ]
+
+
 class Actuators(ABC):
     """Maps an action in [-1, 1]-ish units to `data.ctrl`."""
 
@@ -181,15 +194,8 @@ class PositionServoActuators(Actuators):
         cls, mj_model: mujoco.MjModel, action_scale: float = 0.5, keyframe: str | None = None
     ) -> PositionServoActuators:
         """ConfigError (one line) unless every actuator is a position servo on a hinge or slide joint."""
-        hinge_or_slide = (int(mujoco.mjtJoint.mjJNT_HINGE), int(mujoco.mjtJoint.mjJNT_SLIDE))
         joint_ids = mj_model.actuator_trnid[:, 0]
-        not_servos = [
-            i
-            for i in range(mj_model.nu)
-            if actuator_kind(mj_model, i) != POSITION_SERVO
-            or mj_model.actuator_trntype[i] != mujoco.mjtTrn.mjTRN_JOINT
-            or int(mj_model.jnt_type[joint_ids[i]]) not in hinge_or_slide
-        ]
+        not_servos = _not_on_a_joint_as(mj_model, POSITION_SERVO)
         if not_servos or mj_model.nu == 0:
             kinds = "; ".join(f"{actuator_names(mj_model, [i])} is a {actuator_kind(mj_model, i)}" for i in not_servos)
             raise ConfigError(
@@ -290,15 +296,12 @@ def as_position_servos(mj_model: mujoco.MjModel, gains: JointGains) -> mujoco.Mj
     MuJoCo then runs the PD law inside its step, so the native engine steps a control step's substeps in one
     call; under the Euler integrator the torque at every substep is `PositionActuators`' (drive it with
     `PositionServoActuators`, whose targets are likewise unclipped)."""
-    hinge_or_slide = (int(mujoco.mjtJoint.mjJNT_HINGE), int(mujoco.mjtJoint.mjJNT_SLIDE))
-    for i in range(mj_model.nu):
-        joint = int(mj_model.actuator_trnid[i, 0])
-        on_joint = mj_model.actuator_trntype[i] == mujoco.mjtTrn.mjTRN_JOINT
-        if actuator_kind(mj_model, i) != MOTOR or not on_joint or int(mj_model.jnt_type[joint]) not in hinge_or_slide:
-            raise ConfigError(
-                f"as_position_servos: actuator {actuator_names(mj_model, [i])} is a {actuator_kind(mj_model, i)}"
-                " (each actuator must be a <motor> on a hinge or slide joint)"
-            )
+    refused = _not_on_a_joint_as(mj_model, MOTOR)
+    if refused:
+        raise ConfigError(
+            f"as_position_servos: actuator {actuator_names(mj_model, refused[:1])} is a"
+            f" {actuator_kind(mj_model, refused[0])} (each actuator must be a <motor> on a hinge or slide joint)"
+        )
     servos = copy.copy(mj_model)
     gear = mj_model.actuator_gear[:, 0]
     # force = gain * ctrl + bias1 * length + bias2 * velocity, with ctrl = gear * target, length = gear * q and the
