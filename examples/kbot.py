@@ -14,6 +14,7 @@ and the robot is pushed.
 docs/kbot.md has its curve, gif and measured figures; docs/kbot_experiments.md the variants tried.
 """
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
@@ -51,7 +52,7 @@ class KBotTask(DistributedPPOTask[KBotConfig]):
             obs.ProjectedGravity(sensor="imu_site_quat", noise=0.05),
             obs.Sensor(sensor="imu_gyro", scale=0.25, noise=0.05),
             obs.JointPosition(offset="default", noise=0.02),
-            obs.JointVelocity(scale=0.05, noise=0.075),
+            obs.JointVelocity(scale=0.05, noise=0.05 * math.radians(10)),  # 10 deg/s: K-Scale's own K-Bot task's
             obs.LastAction(),
             obs.Command(),
             obs.GaitPhase(period_s=self.config.gait_period_s),
