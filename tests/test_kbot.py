@@ -1,5 +1,6 @@
 """K-Bot: the firmware's gains from the robot's metadata, bad metadata refused in one line, and the example on two
-devices (with the symmetry loss) with a checkpoint that mode=eval, mode=export and the viewer take."""
+devices (with the symmetry loss) with a checkpoint that mode=eval, mode=export and the viewer take, and its
+first train step on one device."""
 
 import dataclasses
 import json
@@ -17,8 +18,9 @@ from ksim.actuators import gains_from_metadata
 from ksim.commands import VelocityCommand
 from ksim.config import ConfigError
 from ksim.engine import ASSETS_DIR, ModelLayout, load_mujoco_model
-from ksim.modes import evaluate, export
+from ksim.modes import evaluate, export, train
 from ksim.policy_spec import load_policy_spec
+from ksim.reporting import SCALARS_FILE
 from ksim.viewer_sim import ViewerSim
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -112,3 +114,13 @@ def test_kbot_trains_on_two_devices_and_its_checkpoint_serves_eval_export_and_vi
     sim = ViewerSim(task.environment, jax.device_get(task.checkpoints.load(checkpoint)["shared"]), seed=0)
     reports = [sim.step() for _ in range(3)]
     assert all(report is not None for report in reports) and int(sim.episode.episode_length) > 0
+
+
+def test_kbots_first_train_step_on_one_device_moves_the_policy(tmp_path: Path) -> None:
+    settings = {**TINY, "num_steps": 1, "log_every_n_steps": 1, "num_devices": 1, "run_dir": str(tmp_path)}
+    config = dataclasses.replace(DEFAULT_CONFIG, **settings)
+    state = train.run(KBotTask(config))
+    (row,) = [json.loads(line) for line in (tmp_path / SCALARS_FILE).read_text().splitlines()]
+    assert row["num_devices"] == 1 and row["approx_kl"] > 1e-4  # an update on one device changed the policy
+    assert all(np.isfinite(row[key]) for key in ("policy_loss", "value_loss", "entropy", "approx_kl"))
+    assert all(bool(np.all(np.isfinite(leaf))) for leaf in jax.tree.leaves(state.shared))
