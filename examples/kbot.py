@@ -52,7 +52,8 @@ class KBotTask(DistributedPPOTask[KBotConfig]):
             obs.ProjectedGravity(sensor="imu_site_quat", noise=0.05),
             obs.Sensor(sensor="imu_gyro", scale=0.25, noise=0.05),
             obs.JointPosition(offset="default", noise=0.02),
-            obs.JointVelocity(scale=0.05, noise=0.05 * math.radians(10)),  # 10 deg/s: K-Scale's own K-Bot task's
+            # 10 deg/s, as K-Scale's own K-Bot task: legged_gym's 1.5 rad/s buries the legs' odometry
+            obs.JointVelocity(scale=0.05, noise=0.05 * math.radians(10)),
             obs.LastAction(),
             obs.Command(),
             obs.GaitPhase(period_s=self.config.gait_period_s),
