@@ -143,7 +143,7 @@ def report(stats: GaitStats, feet: tuple[str, ...], window_s: float) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("task", help="the task class as module:Class, e.g. examples.kbot:KBotTask")
+    parser.add_argument("task", help="the task class as module:Class or FILE.py:Class, e.g. examples.kbot:KBotTask")
     parser.add_argument("checkpoint")
     parser.add_argument("settings", nargs="*", help="the run's key=value settings, as given to its training")
     parser.add_argument("--feet", required=True, help="comma-separated feet: geoms, or bodies with colliding geoms")

@@ -62,7 +62,7 @@ def main() -> None:
             "",
             policy,
             robot=robot_side(task),  # type: ignore[arg-type]
-            task=task_identity(task),  # type: ignore[arg-type]
+            task=task_identity(task, policy.parent),  # type: ignore[arg-type]
         )
         runtime = PolicyRuntime.load(policy)
         readings = recorded_readings(policy, runtime, args.steps)

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib
 import itertools
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
@@ -38,6 +37,7 @@ import numpy as np
 from ksim.config import ConfigError, parse_overrides
 from ksim.rewards import heading_velocity
 from ksim.task.evaluation import deterministic_step, tracks_velocity
+from ksim.task.reference import task_and_default_config
 
 AXES = ("forward", "lateral", "yaw")
 
@@ -187,15 +187,12 @@ def record(task: Any, shared: Any, episodes: int, seed: int) -> Trace:
 
 
 def task_class_and_config(name: str) -> tuple[type, Any]:
-    """The class `module:Class` and its module's DEFAULT_CONFIG; ValueError naming what is missing or wrong."""
-    module_name, _, class_name = name.partition(":")
-    if not class_name:
-        raise ValueError(f"task={name!r} must be module:Class, e.g. examples.kbot:KBotTask")
+    """The class `module:Class` (or `FILE.py:Class`) and its module's DEFAULT_CONFIG; ValueError naming what is
+    missing or wrong."""
     try:
-        module = importlib.import_module(module_name)
-        return getattr(module, class_name), module.DEFAULT_CONFIG
-    except (ImportError, AttributeError) as error:
-        raise ValueError(f"task={name!r}: {error} (the module needs the class and a DEFAULT_CONFIG)") from None
+        return task_and_default_config(name)
+    except ConfigError as error:
+        raise ValueError(f"task={name!r}: {error}") from None
 
 
 def class_and_settings(name: str, overrides: Sequence[str]) -> tuple[type, Any]:
@@ -312,7 +309,7 @@ def parse_edges(text: str) -> list[float] | None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("task", help="the task class as module:Class, e.g. examples.kbot:KBotTask")
+    parser.add_argument("task", help="the task class as module:Class or FILE.py:Class, e.g. examples.kbot:KBotTask")
     parser.add_argument("checkpoint")
     parser.add_argument("settings", nargs="*", help="the run's key=value settings, as given to its training")
     parser.add_argument("--episodes", type=int, default=64)

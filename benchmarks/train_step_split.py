@@ -3,12 +3,12 @@
     .venv/bin/python -m benchmarks.train_step_split examples.kbot:KBotTask
     .venv/bin/python -m benchmarks.train_step_split examples.kbot:KBotTask "examples.kbot:KBotTask dt=0.00666666667"
 
-Each variant is `module:Class` followed by `key=value` settings on its module's DEFAULT_CONFIG, built on one
-device. After every variant's first train step (compilation), the timed repeats alternate between the variants
-(a, b, b, a, ...), each one rollout alone and then one train step; with the native engine, also the time its
-physics calls took inside that train step (the engine's `host_clock`). Prints medians per variant: the train
-step, env-steps/s (and its ratio to the first variant's), the rollout, the physics calls and the update (the
-train step less the rollout).
+Each variant is `module:Class` (or `FILE.py:Class`) followed by `key=value` settings on its module's
+DEFAULT_CONFIG, built on one device. After every variant's first train step (compilation), the timed repeats
+alternate between the variants (a, b, b, a, ...), each one rollout alone and then one train step; with the native
+engine, also the time its physics calls took inside that train step (the engine's `host_clock`). Prints medians
+per variant: the train step, env-steps/s (and its ratio to the first variant's), the rollout, the physics calls
+and the update (the train step less the rollout).
 """
 
 from __future__ import annotations

@@ -106,6 +106,11 @@ def read_checkpoint(path: str | Path) -> tuple[dict[str, Any], dict[str, Any] | 
     return state, metadata
 
 
+def _task_text(metadata: dict[str, Any]) -> str:
+    """A checkpoint's task by name, and by what loads it where the metadata records that."""
+    return f"{metadata['task']} ({metadata['task_class']})" if metadata.get("task_class") else metadata["task"]
+
+
 def _layout_text(layout: Sequence[Any]) -> str:
     return ", ".join(f"{name}({size})" for name, size in layout) or "nothing"
 
@@ -132,7 +137,7 @@ def metadata_mismatch(found: dict[str, Any], expected: dict[str, Any]) -> str | 
     """Why a checkpoint's metadata does not fit this task (other task, observation or action layout)."""
     related = found["task"] in expected.get("task_classes", []) or expected["task"] in found.get("task_classes", [])
     if found["task"] != expected["task"] and not related:
-        return f"written by {found['task']}, this is {expected['task']}"
+        return f"written by {_task_text(found)}, this is {_task_text(expected)}"
     found_obs = [tuple(item) for item in found["observations"]]
     expected_obs = [tuple(item) for item in expected["observations"]]
     if found_obs != expected_obs:

@@ -13,7 +13,6 @@ the same number of episodes and both lines are printed.
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
 from collections import deque
 from collections.abc import Sequence
@@ -276,23 +275,28 @@ class Sim2Sim:
         }
 
 
-def build_task(spec: PolicySpec, **overrides: Any) -> Any:
-    """The task that trained the policy, rebuilt from policy.json (its class, config class and config)."""
+def build_task(spec: PolicySpec, policy_folder: str | Path, task: str = "", **overrides: Any) -> Any:
+    """The task that trained the policy, rebuilt from policy.json (its class, config class and config); `task`
+    ("module:Class" or "FILE.py:Class", from the working directory) names the class instead, and its config
+    class too where policy.json has both in one module or file."""
     from omegaconf import OmegaConf
 
-    if not spec.task_class:
-        raise ConfigError("policy.json does not name its task class: export it again with mode=export")
-    task_type, config_type = (_import(name) for name in (spec.task_class, spec.config_class))
+    from ksim.task.reference import load_attribute, relocated, same_location
+
+    recorded = Path(policy_folder)  # where policy.json's relative files start
+    task_at, config_at = (spec.task_class, recorded), (spec.config_class, recorded)
+    if task:
+        moves_config = same_location(spec.config_class, spec.task_class)
+        task_at, config_at = (
+            (task, Path(".")),
+            (relocated(spec.config_class, task), Path(".")) if moves_config else config_at,
+        )
+    if not task_at[0]:
+        raise ConfigError("policy.json does not name its task class: export it again, or pass --task FILE.py:Class")
+    hint = "--task FILE.py:Class (or module:Class) to judge the episodes"
+    task_type, config_type = (load_attribute(name, base, hint) for name, base in (task_at, config_at))
     merged = OmegaConf.merge(OmegaConf.structured(config_type), OmegaConf.create(spec.task_config), overrides)
     return task_type(OmegaConf.to_object(merged))
-
-
-def _import(name: str) -> Any:
-    module, _, attribute = name.partition(":")
-    try:
-        return getattr(importlib.import_module(module), attribute)
-    except (ImportError, AttributeError) as error:
-        raise ConfigError(f"cannot import {name} to judge the episodes ({error})") from None
 
 
 def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, Sim2SimSettings]:
@@ -308,6 +312,11 @@ def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, Sim2SimS
     parser.add_argument("--iterations", type=int, help="another solver iteration count")
     parser.add_argument("--video", default="", help="write the first episode to this .mp4 or .gif")
     parser.add_argument("--checkpoint", default="", help="also run mode=eval on this checkpoint, side by side")
+    parser.add_argument(
+        "--task",
+        default="",
+        help="the task that judges the episodes, as module:Class or FILE.py:Class (default: the one policy.json names)",
+    )
     args = parser.parse_args(argv)
     if args.episodes < 1 or args.latency_steps < 0 or args.noise < 0:
         raise ConfigError("--episodes must be >= 1, --latency-steps and --noise >= 0")
@@ -332,7 +341,14 @@ def main(argv: Sequence[str] | None = None) -> list[str]:
     try:
         args, settings = parse_args(argv)
         sim = Sim2Sim(args.policy, settings)
-        task = build_task(sim.spec, mode="eval", eval_episodes=settings.episodes, load_from_ckpt_path=args.checkpoint)
+        task = build_task(
+            sim.spec,
+            Path(args.policy).parent,
+            args.task,
+            mode="eval",
+            eval_episodes=settings.episodes,
+            load_from_ckpt_path=args.checkpoint,
+        )
         starts = draw_starts(task.environment, settings.seed, settings.episodes)
         print(f"sim2sim: {sim.reader.sources()}; starts and first commands drawn by the task", flush=True)
         episodes = [sim.run_episode(start) for start in starts]

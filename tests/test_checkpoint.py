@@ -117,8 +117,8 @@ def test_checkpoint_of_another_task_is_refused_naming_both(trained: tuple) -> No
         HopperTask(cartpole_config()).checkpoints.load(ckpt)
     message = str(error.value)
     assert message == (
-        f"load_from_ckpt_path={str(ckpt)!r}: written by CartpoleTask, this is HopperTask "
-        "(set allow_checkpoint_mismatch=true to load anyway)"
+        f"load_from_ckpt_path={str(ckpt)!r}: written by CartpoleTask (examples.cartpole:CartpoleTask), this is "
+        f"HopperTask ({HopperTask.__module__}:HopperTask) (set allow_checkpoint_mismatch=true to load anyway)"
     )
     allowed = HopperTask(cartpole_config(allow_checkpoint_mismatch=True)).checkpoints.load(ckpt)
     assert_trees_equal(allowed["shared"], jax.device_get(state.shared))

@@ -88,7 +88,7 @@ def test_runtime_matches_training_on_the_same_states(case: str, tmp_path: Path) 
         "",
         onnx_path,
         robot=robot_side(task),
-        task=task_identity(task),
+        task=task_identity(task, onnx_path.parent),
     )
     runtime = PolicyRuntime.load(onnx_path)
     model = mujoco.MjModel.from_binary_path(str(tmp_path / "policy.mjb"))
@@ -157,7 +157,7 @@ def cartpole_policy(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "",
         onnx_path,
         robot=robot_side(task),
-        task=task_identity(task),
+        task=task_identity(task, onnx_path.parent),
     )
     return onnx_path
 

@@ -111,7 +111,7 @@ def test_steps_after_an_episode_ended_are_left_out() -> None:
 def test_a_task_name_that_cannot_be_built_is_refused_in_one_line() -> None:
     with pytest.raises(ValueError, match="must be module:Class"):
         build_task("examples.kbot", "ckpt.bin")
-    with pytest.raises(ValueError, match="has no attribute 'Nope'"):
+    with pytest.raises(ValueError, match="defines no 'Nope'"):
         build_task("examples.kbot:Nope", "ckpt.bin")
 
 

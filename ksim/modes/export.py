@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -15,6 +14,7 @@ from ksim.config import ConfigError
 from ksim.export import export_policy
 from ksim.policy_spec import SIMULATOR
 from ksim.robot_side import RobotSide, describe_robot
+from ksim.task.reference import class_reference
 from ksim.task.rl import RLTask
 from ksim.task.types import PolicyState, RLConfig, SharedState
 
@@ -71,20 +71,12 @@ def robot_side(task: RLTask[Any]) -> RobotSide:
     )
 
 
-def importable_name(cls: type) -> str:
-    """ "module:Class" of a class, with the module a `python -m` run calls __main__ named as it was run."""
-    module = cls.__module__
-    if module == "__main__":
-        main_spec = getattr(sys.modules["__main__"], "__spec__", None)
-        module = main_spec.name if main_spec is not None else module
-    return f"{module}:{cls.__qualname__}"
-
-
-def task_identity(task: RLTask[Any]) -> dict[str, str]:
-    """What rebuilds the task elsewhere (ksim.sim2sim judges episodes with it): its class, config class, config."""
+def task_identity(task: RLTask[Any], export_folder: Path) -> dict[str, str]:
+    """What rebuilds the task elsewhere (ksim.sim2sim judges episodes with it): its class, config class (each
+    "module:Class", or a script's "FILE.py:Class" relative to the export's folder) and config."""
     return {
-        "task_class": importable_name(type(task)),
-        "config_class": importable_name(type(task.config)),
+        "task_class": class_reference(type(task), export_folder),
+        "config_class": class_reference(type(task.config), export_folder),
         "task_config": OmegaConf.to_yaml(OmegaConf.structured(task.config)),
     }
 
@@ -115,7 +107,7 @@ def run(task: RLTask[Any]) -> Path:
         task.config.export_path,
         checkpoint,
         robot,
-        task_identity(task),
+        task_identity(task, Path(task.config.export_path).parent),
     )
     if note:
         print(note, flush=True)

@@ -27,6 +27,7 @@ from ksim.checkpoint import (
     save_checkpoint,
 )
 from ksim.task.env import Environment
+from ksim.task.reference import class_reference
 from ksim.task.types import RLConfig, SharedState, TrainState
 from ksim.xla_setup import installed_version
 
@@ -79,6 +80,7 @@ def checkpoint_metadata(
         "format": METADATA_FORMAT,
         "task": task_name,
         "task_classes": user_classes(task_type),
+        "task_class": class_reference(task_type),  # what loads it again: module:Class or FILE.py:Class
         "config": OmegaConf.to_yaml(OmegaConf.structured(config)),
         "observations": [[name, size] for name, size in observation_layout],
         "critic_observations": None if critic_layout is None else [[name, size] for name, size in critic_layout],
