@@ -431,8 +431,15 @@ class PPOTask(RLTask[PPOConfigT]):
             ),
         )
         metrics["value_mean"] = jnp.mean(batch.value)
+        metrics["explained_variance"] = explained_variance(batch.value, batch.returns)
         self.debug_print("update", {k: metrics[k] for k in ("loss", "local_grad_norm", "approx_kl")})
         return shared.replace(params=params, opt_state=opt_state), self.cross_device_mean(metrics)
+
+
+def explained_variance(value: Array, returns: Array) -> Array:
+    """1 - Var(returns - value) / Var(returns): how much of the returns' spread the rollout's critic predicted
+    (1: all of it, 0: no better than their mean)."""
+    return 1.0 - jnp.var(returns - value) / (jnp.var(returns) + 1e-8)
 
 
 def critic_entries(layout: list[tuple[str, int]] | None, names: Sequence[str]) -> tuple[int, ...]:
