@@ -52,7 +52,15 @@ class DistributedRLConfig(RLConfig):
     consistency_tolerance: float = xax.field(0.0, help="Largest allowed |replica - device 0| difference.")
     on_divergence: str = xax.field("raise", help="'raise' or 'resync' (copy device 0's state and warn).")
     debug: bool = xax.field(False, help="Print per-device loss, grad norm and episode stats (jax.debug.print).")
-    coordinator_address: str = xax.field("", help="Several machines: host:port of process 0 (empty: one process).")
+    cluster: str = xax.field(
+        "auto",
+        help="Several machines started by a cluster launcher: 'auto' joins the SLURM (srun) or Open MPI (mpirun) job "
+        "this process runs in, found by jax.distributed's cluster detection; 'slurm' or 'ompi' only that one; 'none' "
+        "never. coordinator_address, when set, wins.",
+    )
+    coordinator_address: str = xax.field(
+        "", help="Several machines: host:port of process 0 (empty: one process, or the cluster's job)."
+    )
     num_processes: int = xax.field(1, help="Several machines: how many processes take part.")
     process_id: int = xax.field(0, help="Several machines: this process's index, 0 .. num_processes - 1.")
     heartbeat_timeout_s: int = xax.field(
@@ -101,14 +109,28 @@ class DistributedRLTask(RLTask[DistributedConfigT]):
 
     @staticmethod
     def join_processes(config: DistributedRLConfig) -> None:
-        """Connects to the other processes (before JAX's backends start) when `coordinator_address` is set."""
-        if not config.coordinator_address or jax.distributed.is_initialized():
+        """Connects to the other processes (before JAX's backends start): those `coordinator_address` names, or
+        else those of the cluster job this process runs in (`cluster`)."""
+        if jax.distributed.is_initialized():
             return
-        if config.num_processes < 1 or not 0 <= config.process_id < config.num_processes:
-            rule = f"must be in 0 .. num_processes - 1 (num_processes={config.num_processes})"
-            raise ConfigError(f"process_id={config.process_id} {rule}")
+        require_choice(config, "cluster", ("auto", "none", *processes.CLUSTERS))
+        if config.coordinator_address:
+            if config.num_processes < 1 or not 0 <= config.process_id < config.num_processes:
+                rule = f"must be in 0 .. num_processes - 1 (num_processes={config.num_processes})"
+                raise ConfigError(f"process_id={config.process_id} {rule}")
+            check_timeout_settings(config)
+            processes.join(config.coordinator_address, config.num_processes, config.process_id, timeouts(config))
+            return
+        if config.cluster == "none":
+            return
+        job = processes.detected_cluster_job(config.cluster, config.initialization_timeout_s)
+        if job is None or job.num_processes == 1:
+            return
         check_timeout_settings(config)
-        processes.join(config.coordinator_address, config.num_processes, config.process_id, timeouts(config))
+        print(job.line(), flush=True)
+        processes.join(
+            job.coordinator_address, job.num_processes, job.process_id, timeouts(config), job.local_device_ids
+        )
 
     @property
     def num_local_devices(self) -> int:

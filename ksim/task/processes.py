@@ -56,17 +56,86 @@ def check_timeouts(settings: dict[str, float]) -> None:
             raise ConfigError(f"{name}={value} must be a whole number of seconds >= 1")
 
 
-def join(coordinator_address: str, num_processes: int, process_id: int, timeouts: Timeouts) -> None:
+def join(
+    coordinator_address: str,
+    num_processes: int,
+    process_id: int,
+    timeouts: Timeouts,
+    local_device_ids: list[int] | None = None,
+) -> None:
     """Connects this process to the others (before JAX's backends start), with ksim's timeouts."""
     jax.config.update("jax_cpu_collectives_implementation", "gloo")  # CPU collectives across processes
     jax.distributed.initialize(
         coordinator_address,
         num_processes,
         process_id,
+        local_device_ids,
         initialization_timeout=timeouts.initialization,
         heartbeat_timeout_seconds=timeouts.jax_heartbeat,
         shutdown_timeout_seconds=timeouts.shutdown,
     )
+
+
+CLUSTERS = ("slurm", "ompi")  # the launchers whose jobs a process joins on its own (JAX's names for them)
+
+
+@dataclass(frozen=True)
+class ClusterJob:
+    """This process's place in a job a cluster launcher started, as JAX's own cluster detection reads it."""
+
+    launcher: str  # "slurm" or "ompi"
+    coordinator_address: str
+    num_processes: int
+    process_id: int
+    tasks_on_this_node: int | None  # None where the launcher does not say
+
+    @property
+    def local_device_ids(self) -> list[int] | None:
+        """[] (every local device) where the node runs this process alone, as ksim runs one process a machine;
+        None (JAX's rule: the device of the process's local rank) where it runs several."""
+        return [] if self.tasks_on_this_node == 1 else None
+
+    def line(self) -> str:
+        return (
+            f"ksim: joining the {self.launcher} job as process {self.process_id} of {self.num_processes} "
+            f"(coordinator {self.coordinator_address}; found by jax.distributed's cluster detection)"
+        )
+
+
+def detected_cluster_job(launcher: str, timeout_s: int) -> ClusterJob | None:
+    """The SLURM or Open MPI job this process runs in (`launcher`: "auto" for either), if any; None otherwise."""
+    from jax._src import clusters  # JAX's own detection: the variables srun and mpirun set
+
+    names = CLUSTERS if launcher == "auto" else (launcher,)
+    found = [env for env in clusters.ClusterEnv._cluster_types if env.name in names and env.is_env_present()]
+    if not found:
+        return None
+    env = found[0]
+    return ClusterJob(
+        env.name,
+        env.get_coordinator_address(
+            timeout_secs=timeout_s, override_coordinator_port=os.environ.get("JAX_COORDINATOR_PORT")
+        ),
+        env.get_process_count(),
+        env.get_process_id(),
+        _tasks_on_this_node(env.name),
+    )
+
+
+def _tasks_on_this_node(launcher: str) -> int | None:
+    """How many of the job's processes run on this node: SLURM_STEP_TASKS_PER_NODE ("2(x3),1": this node's
+    entry by SLURM_NODEID) or Open MPI's OMPI_COMM_WORLD_LOCAL_SIZE."""
+    if launcher == "ompi":
+        size = os.environ.get("OMPI_COMM_WORLD_LOCAL_SIZE", "")
+        return int(size) if size.isdigit() else None
+    counts = []
+    for entry in os.environ.get("SLURM_STEP_TASKS_PER_NODE", os.environ.get("SLURM_TASKS_PER_NODE", "")).split(","):
+        match = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", entry.strip())
+        if match is None:
+            return None
+        counts += [int(match[1])] * int(match[2] or 1)
+    node = int(os.environ.get("SLURM_NODEID", "0"))
+    return counts[node] if node < len(counts) else None
 
 
 def client() -> Any:
