@@ -15,7 +15,8 @@ the update's diagnostics side by side at the same train steps: entropy, KL from 
 minibatch, the adaptive rate, clip fraction, value loss, explained variance and gradient norm.
 
 Train-step and env-step counts do not depend on the machine's load, wall times do: `--jobs K` runs K counts at
-once (the counts stay exact, the table says the wall times were shared).
+once (the counts stay exact, the table says the wall times were shared). `--reuse` reads the logs a previous
+run left in `--out` instead of running those counts again.
 """
 
 from __future__ import annotations
@@ -145,8 +146,16 @@ def launch(run: Run, argv: list[str], env: dict[str, str], log: Path) -> None:
         run.returncode = process.wait()
 
 
+def replay(run: Run, log: Path) -> None:
+    """Reads a finished launch's log (its lines carry no times: wall times to the target stay unknown)."""
+    for line in log.read_text().splitlines():
+        run.read(float("nan"), line.strip())
+    run.returncode = 0
+
+
 def ratio(value: float | None, first: float | None) -> str:
-    return f"{value / first:.2f}x" if value is not None and first else "-"
+    known = value is not None and first and value == value and first == first  # NaN: a replayed log's times
+    return f"{value / first:.2f}x" if known else "-"  # type: ignore[operator]
 
 
 def table(runs: list[Run], devices: int | None, shared: bool) -> list[str]:
@@ -177,7 +186,7 @@ def table(runs: list[Run], devices: int | None, shared: bool) -> list[str]:
             counts = (
                 f"{steps:.0f} ({ratio(steps, first_steps)})",
                 f"{env_steps / 1e6:.2f}M ({ratio(env_steps, first_env_steps)})",
-                f"{seconds / 60:.1f} min ({ratio(seconds, first_seconds)})",
+                f"{seconds / 60:.1f} min ({ratio(seconds, first_seconds)})" if seconds == seconds else "-",
             )
         startup = f"{run.compile_s:.0f} s" if run.compile_s is not None else "-"
         step_text = f"{step_s:.2f} s ({ratio(step_s, first_step_s)})" if step_s is not None else "-"
@@ -212,6 +221,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--jobs", type=int, default=1, help="counts run at once (wall times then shared)")
     parser.add_argument("--every", type=int, default=100, help="train steps between rows of the diagnostics")
     parser.add_argument("--out", default="", help="folder for the runs and their logs (default: a temporary one)")
+    parser.add_argument("--reuse", action="store_true", help="read a count's log in --out instead of running it again")
     args = parser.parse_args(argv)
     try:
         target = parse_target(args.target)
@@ -234,8 +244,11 @@ def main(argv: Sequence[str] | None = None) -> None:
                 if not pending:
                     return
                 run = pending.pop(0)
-            argv = command(args.task, run.num_envs, settings, args.max_steps, run.run_dir)
-            launch(run, argv, env, out / f"envs_{run.num_envs}.log")
+            log = out / f"envs_{run.num_envs}.log"
+            if args.reuse and log.exists():
+                replay(run, log)
+            else:
+                launch(run, command(args.task, run.num_envs, settings, args.max_steps, run.run_dir), env, log)
             reached = f"target at step {run.reached[0]}" if run.reached else f"no target by step {run.last_step}"
             print(f"{run.num_envs} envs: {reached} (exit {run.returncode})", flush=True)
             if run.returncode not in (0, -signal.SIGTERM) and run.reached is None:

@@ -85,3 +85,25 @@ def parse_command_line(config: ConfigT, argv: Sequence[str] | None = None) -> Co
         print(help_text(config))
         raise SystemExit(0)
     return parse_overrides(config, args)
+
+
+def preset_from_command_line(presets: dict[str, ConfigT], argv: Sequence[str], default: str = "cpu") -> ConfigT:
+    """The preset a `preset=NAME` argument names (the last one; `default` without one); an unknown name is left
+    to the task's validation, which names the choices."""
+    names = [arg.split("=", 1)[1] for arg in argv if arg.startswith("preset=")]
+    return presets.get(names[-1], presets[default]) if names else presets[default]
+
+
+def accelerator_preset_line(preset: str, env_steps_per_train_step: int, cpu_env_steps_per_train_step: int) -> str:
+    """One line on what a preset sized for accelerators costs where JAX has only the CPU ("" elsewhere, or for the
+    CPU preset). Call it once the task is built: asking for the backend starts it."""
+    import jax
+
+    if preset == "cpu" or jax.default_backend() != "cpu":
+        return ""
+    factor = env_steps_per_train_step / cpu_env_steps_per_train_step
+    return (
+        f"note: preset={preset} is sized for GPUs and runs here on the CPU: {env_steps_per_train_step:,} env steps "
+        f"per train step, {factor:g}x preset=cpu's {cpu_env_steps_per_train_step:,}, so each train step takes "
+        f"about {factor:g}x as long"
+    )

@@ -217,3 +217,25 @@ def test_cpu_programs_are_capped_at_avx2_on_x86_only(monkeypatch: pytest.MonkeyP
     monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_max_isa=AVX512")  # a user's own choice stays
     cap_cpu_isa_at_avx2("AMD64")
     assert os.environ["XLA_FLAGS"] == "--xla_cpu_max_isa=AVX512"
+
+
+@pytest.mark.parametrize("num_devices", [2])
+def test_the_scaled_learner_updates_alike_on_one_and_n_devices(rollout_data: tuple, num_devices: int) -> None:
+    """At 4x the reference's envs the adaptive rule steers to twice the KL target, on every device count."""
+    scaled = {**ONE_MINIBATCH, "learning_rate_schedule": "adaptive", "reference_num_envs": 2, "desired_kl": 1e-3}
+    shared, trajectory = rollout_data
+    rng = jax.random.PRNGKey(7)
+    single = CartpoleTask(cartpole_config(**scaled))
+    assert single.desired_kl == pytest.approx(2e-3)
+    start = single.init_shared(jax.random.PRNGKey(0)).replace(normalizer=shared.normalizer)
+    expected, expected_metrics = single.programs["update"](start, trajectory, rng)
+
+    task = DistributedCartpoleTask(distributed_cartpole_config(**scaled, num_devices=num_devices))
+    env_major = jax.tree.map(lambda x: np.swapaxes(x, 0, 1), trajectory)
+    per_device = jax.tree.map(lambda x: np.swapaxes(x, 1, 2), shard_env_axis(env_major, num_devices))
+    placed = put_sharded(per_device, task.devices, task.axis_name)
+    result, metrics = task.programs["update"](task.place_replicated(start), placed, task.place_replicated(rng))
+
+    assert relative_error(task.fetch_replicated(result), jax.device_get(expected)) < 1e-5
+    rates = [float(m["learning_rate"]) for m in (task.fetch_replicated(metrics), expected_metrics)]
+    assert rates[0] == pytest.approx(rates[1], rel=1e-6)

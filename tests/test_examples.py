@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from examples.walking import CPU_CONFIG, DEFAULT_CONFIG, GPU_CONFIG, WalkingTask, preset_config
+from ksim.config import ConfigError
 from ksim.distributed import lapack_splits_batches
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -97,7 +98,13 @@ def test_walking_presets_cpu_by_default_and_gpu_with_every_sim2real_component() 
     gait_scales = [
         next(r.scale for r in task.components.rewards if r.name == "FootSwingTracking") for task in (cpu, gpu)
     ]
-    assert gait_scales == [2.0, 0.5]  # the CPU preset's stronger clock reward reaches the reward itself
+    assert gait_scales == [2.0, 2.0]  # the clock reward reaches the reward itself, the GPU preset's too
+    # The GPU preset is the CPU preset's learner at 16x the envs, scaled by the learner's rule.
+    assert cpu.learner_line() == ""
+    assert gpu.learner_line() == (
+        "learner: 2048 envs, 16x the reference_num_envs=128: 64 minibatches of 32 envs, "
+        "desired_kl 0.04 (0.01 x sqrt 16)"
+    )
     assert (
         len(gpu.components.randomizations) == 9
         and gpu.components.command is not None
@@ -105,3 +112,23 @@ def test_walking_presets_cpu_by_default_and_gpu_with_every_sim2real_component() 
     )
     assert gpu.environment.noisy_observations(deterministic=False) and GPU_CONFIG.action_delay_steps == 1
     assert gpu.environment.observation_layout()[-1] == ("Command", 3) and GPU_CONFIG.num_envs == 2048
+
+
+def test_kbot_gpu_preset_is_the_cpu_learner_scaled_and_says_what_it_costs_on_a_cpu(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from examples import kbot
+
+    assert kbot.preset_from_command_line(kbot.PRESETS, ["num_envs=8"]) is kbot.DEFAULT_CONFIG
+    assert kbot.preset_from_command_line(kbot.PRESETS, ["preset=gpu"]) is kbot.GPU_CONFIG
+    task = kbot.KBotTask(kbot.GPU_CONFIG)  # builds the model and checks every component; nothing compiles
+    assert task.num_minibatches == 32 and task.desired_kl == pytest.approx(0.02 * 8**0.5)
+    printed = capsys.readouterr().out.strip().splitlines()
+    assert printed == [
+        "learner: 2048 envs, 8x the reference_num_envs=256: 32 minibatches of 64 envs, "
+        "desired_kl 0.0566 (0.02 x sqrt 8)",
+        "note: preset=gpu is sized for GPUs and runs here on the CPU: 49,152 env steps per train step, 8x preset=cpu's "
+        "6,144, so each train step takes about 8x as long",
+    ]
+    with pytest.raises(ConfigError, match="preset='tpu' must be one of"):
+        kbot.KBotTask(dataclasses.replace(kbot.DEFAULT_CONFIG, preset="tpu"))

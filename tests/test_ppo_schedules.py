@@ -15,7 +15,14 @@ from examples.cartpole import CartpoleTask
 from ksim.checkpoint import with_unset_fields
 from ksim.config import ConfigError
 from ksim.normalization import Normalizer, scale_by_return_std
-from ksim.task.ppo_update import UpdateHooks, adapt_learning_rate, gaussian_kl, identity, ppo_epochs
+from ksim.task.ppo_update import (
+    UpdateHooks,
+    adapt_learning_rate,
+    gaussian_kl,
+    identity,
+    ppo_epochs,
+    scaled_desired_kl,
+)
 from ksim.task.rl import Metrics
 
 # 2 passes x 2 minibatches: 4 optimizer steps per update.
@@ -237,3 +244,35 @@ def test_step_shuffling_is_the_update_of_one_step_trajectories(rollout: tuple[An
     assert steps.advantage.shape == (64, 1)  # 8 envs x 8 steps, 32 per minibatch
     with pytest.raises(ConfigError, match="minibatch_shuffle='steps' needs a memoryless policy"):
         CartpoleTask(cartpole_config(minibatch_shuffle="steps", recurrent_size=4))
+
+
+def test_the_kl_target_grows_with_the_square_root_of_the_envs() -> None:
+    assert scaled_desired_kl(0.02, 2048, 0) == 0.02  # no reference: no scaling
+    assert scaled_desired_kl(0.02, 256, 256) == 0.02
+    assert scaled_desired_kl(0.02, 1024, 256) == pytest.approx(0.04)
+    assert scaled_desired_kl(0.02, 2048, 256) == pytest.approx(0.02 * 8**0.5)
+    assert scaled_desired_kl(0.02, 64, 256) == pytest.approx(0.01)
+
+
+@pytest.mark.parametrize("num_devices", [1, 2, 4])
+@pytest.mark.parametrize("num_envs", [8, 16, 32])
+def test_the_learner_follows_the_global_env_count_on_any_device_count(num_envs: int, num_devices: int) -> None:
+    config = distributed_cartpole_config(
+        num_envs=num_envs,
+        batch_size=4,
+        reference_num_envs=8,
+        learning_rate_schedule="adaptive",
+        desired_kl=0.01,
+        num_devices=num_devices,
+    )
+    task = DistributedCartpoleTask(config)  # builds and checks; nothing compiles
+    assert task.num_minibatches == num_envs // 4
+    assert task.desired_kl == pytest.approx(0.01 * (num_envs / 8) ** 0.5)
+    line = task.learner_line()
+    if num_envs == 8:
+        assert line == ""
+    else:
+        assert line == (
+            f"learner: {num_envs} envs, {num_envs // 8}x the reference_num_envs=8: {num_envs // 4} minibatches of 4 "
+            f"envs, desired_kl {task.desired_kl:.3g} (0.01 x sqrt {num_envs // 8})"
+        )

@@ -26,6 +26,7 @@ from ksim.task.ppo_update import (
     ppo_epochs,
     ppo_loss,
     ppo_minibatch_update,
+    scaled_desired_kl,
 )
 from ksim.task.rl import Metrics, RLConfig, RLTask, SharedState
 from ksim.task.types import PolicyOutput, PolicyState, Trajectory
@@ -59,6 +60,13 @@ class PPOConfig(RLConfig):
     )
     desired_kl: float = xax.field(
         0.01, help="learning_rate_schedule=adaptive(_annealed): the KL it steers each minibatch to (at the start)."
+    )
+    reference_num_envs: int = xax.field(
+        0,
+        help="The num_envs the learner's settings were tuned at (0: num_envs itself). At another num_envs the "
+        "minibatches stay batch_size envs each (so their count follows num_envs) and the adaptive schedules' "
+        "desired_kl is scaled by sqrt(num_envs / reference_num_envs): a user who adds devices and envs changes "
+        "num_envs alone (docs/training.md, 'Adding envs').",
     )
     min_learning_rate: float = xax.field(1e-5, help="learning_rate_schedule=adaptive(_annealed): the lowest rate.")
     max_learning_rate: float = xax.field(1e-2, help="learning_rate_schedule=adaptive(_annealed): the highest rate.")
@@ -120,6 +128,8 @@ class PPOTask(RLTask[PPOConfigT]):
     def __init__(self, config: PPOConfigT) -> None:
         super().__init__(config)
         self.mirror = self.get_mirror() if config.symmetry_coef > 0 else None
+        if config.mode == "train" and jax.process_index() == 0 and (line := self.learner_line()):
+            print(line, flush=True)
 
     def get_mirror(self) -> PolicyMirror:
         """The mirror images of the actor's input and action (symmetry_coef > 0); refusals name what has none."""
@@ -138,6 +148,7 @@ class PPOTask(RLTask[PPOConfigT]):
         config = self.config
         require_positive(config, "learning_rate", "clip_eps", "observation_history", "reward_scaling", "desired_kl")
         require_choice(config, "learning_rate_schedule", LEARNING_RATE_SCHEDULES)
+        require_non_negative(config, "reference_num_envs")
         require_choice(config, "minibatch_shuffle", ("envs", "steps"))
         require_choice(config, "activation", tuple(ACTIVATIONS))
         if config.minibatch_shuffle == "steps" and config.recurrent_size > 0:
@@ -258,6 +269,28 @@ class PPOTask(RLTask[PPOConfigT]):
         return self.config.learning_rate_schedule in ADAPTIVE_SCHEDULES
 
     @property
+    def desired_kl(self) -> float:
+        """The adaptive schedules' KL target at this num_envs (`reference_num_envs`'s rule)."""
+        config = self.config
+        return scaled_desired_kl(config.desired_kl, config.num_envs, config.reference_num_envs)
+
+    def learner_line(self) -> str:
+        """One line on how the update follows num_envs ("" where it is where the settings were tuned)."""
+        config = self.config
+        if config.reference_num_envs in (0, config.num_envs):
+            return ""
+        factor = config.num_envs / config.reference_num_envs
+        kl = (
+            f", desired_kl {self.desired_kl:.3g} ({config.desired_kl:g} x sqrt {factor:g})"
+            if self.adapts_learning_rate
+            else ""
+        )
+        return (
+            f"learner: {config.num_envs} envs, {factor:g}x the reference_num_envs={config.reference_num_envs}: "
+            f"{self.num_minibatches} minibatches of {config.batch_size} envs{kl}"
+        )
+
+    @property
     def optimizer_steps(self) -> int:
         """Optimizer steps in the whole run: what the annealed schedules count down."""
         return self.config.num_steps * self.config.num_passes * self.num_minibatches
@@ -266,7 +299,7 @@ class PPOTask(RLTask[PPOConfigT]):
         """learning_rate_schedule=adaptive(_annealed): the rate after this minibatch's KL, averaged over devices."""
         config = self.config
         kl = self.cross_device_mean(metrics["kl"])
-        desired_kl: float | Array = config.desired_kl
+        desired_kl: float | Array = self.desired_kl
         if config.learning_rate_schedule == "adaptive_annealed":
             desired_kl = desired_kl * jnp.clip(1.0 - opt_state.count / self.optimizer_steps, 0.0, 1.0)
         rate = opt_state.hyperparams["learning_rate"]

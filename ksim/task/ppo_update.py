@@ -5,6 +5,7 @@ they are testable on their own.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, cast
@@ -159,6 +160,19 @@ def adapt_learning_rate(
     lower, raise_ = kl > 2.0 * desired_kl, (kl < 0.5 * desired_kl) & (kl > 0.0)
     adapted = jnp.where(lower, learning_rate / 1.5, jnp.where(raise_, learning_rate * 1.5, learning_rate))
     return jnp.clip(adapted, min_learning_rate, max_learning_rate)
+
+
+def scaled_desired_kl(desired_kl: float, num_envs: int, reference_num_envs: int) -> float:
+    """The adaptive rule's KL target for `num_envs` envs, from `desired_kl` tuned at `reference_num_envs`
+    (0: no reference, no scaling): times sqrt(num_envs / reference_num_envs).
+
+    The adaptive rule holds each update's KL from the rollout's policy near its target whatever the batch, so
+    without this a larger batch buys a better-aimed step of the same size, not a larger one (docs/training.md,
+    "Adding envs"). A gradient averaged over k times the samples has 1/sqrt(k) of the noise; the step the target
+    allows grows with the same factor."""
+    if reference_num_envs <= 0:
+        return desired_kl
+    return desired_kl * math.sqrt(num_envs / reference_num_envs)
 
 
 def identity(tree: Any) -> Any:
