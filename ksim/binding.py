@@ -60,10 +60,4 @@ B = TypeVar("B", bound=Bindable)
 
 def bind_all(layout: ModelLayout, components: Sequence[B]) -> tuple[B, ...]:
     """Every component bound to the model (each refuses what cannot apply, before anything compiles)."""
-    for component in components:
-        if callable(getattr(component, "check", None)):  # written for the version before bind
-            raise ConfigError(
-                f"{type(component).__name__} defines check(layout), which ksim no longer calls: rename it to "
-                "bind(layout) and return self (or a copy with its names resolved, ksim.binding.with_resolved)"
-            )
     return tuple(component.bind(layout) for component in components)

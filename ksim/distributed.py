@@ -16,12 +16,6 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-# Set up before JAX starts, so they live with the other such settings; kept importable from here.
-from ksim.xla_setup import avoid_cpu_lapack_deadlock as avoid_cpu_lapack_deadlock
-from ksim.xla_setup import cpu_thread_pool_size as cpu_thread_pool_size
-from ksim.xla_setup import lapack_splits_batches as lapack_splits_batches
-from ksim.xla_setup import requested_cpu_devices as requested_cpu_devices
-
 Array = jax.Array
 
 

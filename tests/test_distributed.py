@@ -11,14 +11,19 @@ from helpers import DistributedCartpoleTask, cartpole_config, distributed_cartpo
 
 from examples.cartpole import CartpoleTask
 from ksim.distributed import (
-    lapack_splits_batches,
     put_sharded,
     shard_env_axis,
     unshard_env_axis,
 )
 from ksim.task.distributed_rl import ReplicaDivergenceError
 from ksim.task.rl import TrainState
-from ksim.xla_setup import cap_cpu_isa_at_avx2, keep_small_dots_off_ynnpack, quiet_cached_program_loads, version_tuple
+from ksim.xla_setup import (
+    cap_cpu_isa_at_avx2,
+    keep_small_dots_off_ynnpack,
+    lapack_splits_batches,
+    quiet_cached_program_loads,
+    version_tuple,
+)
 
 ONE_MINIBATCH = {"num_envs": 8, "batch_size": 8}
 

@@ -19,7 +19,8 @@ from ksim.config import ConfigError
 from ksim.distributed import put_sharded, shard_env_axis
 from ksim.networks import ActorCritic
 from ksim.task.checkpointing import checkpoint_contents
-from ksim.task.ppo import PPOBatch, critic_entries, ppo_minibatch_update
+from ksim.task.ppo import critic_entries
+from ksim.task.ppo_update import PPOBatch, ppo_minibatch_update
 from ksim.task.types import TrainState
 
 LOSS = SimpleNamespace(

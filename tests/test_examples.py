@@ -12,7 +12,7 @@ import pytest
 
 from examples.walking import CPU_CONFIG, DEFAULT_CONFIG, GPU_CONFIG, WalkingTask, preset_config
 from ksim.config import ConfigError
-from ksim.distributed import lapack_splits_batches
+from ksim.xla_setup import lapack_splits_batches
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -23,7 +23,7 @@ from ksim.config import ConfigError
 from ksim.distributed import put_sharded, shard_env_axis
 from ksim.export import load_policy_spec
 from ksim.task.checkpointing import checkpoint_contents
-from ksim.task.ppo import PPOBatch, ppo_loss, ppo_minibatch_update
+from ksim.task.ppo_update import PPOBatch, ppo_loss, ppo_minibatch_update
 from ksim.task.types import SharedState, Trajectory
 
 ROOT = Path(__file__).resolve().parents[1]

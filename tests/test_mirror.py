@@ -16,7 +16,8 @@ from ksim.config import ConfigError
 from ksim.engine import ModelLayout
 from ksim.mirror import Mirror, RobotGeometry, policy_mirror
 from ksim.networks import ActorCritic
-from ksim.task.ppo import PPOBatch, PPOConfig, ppo_loss
+from ksim.task.ppo import PPOConfig
+from ksim.task.ppo_update import PPOBatch, ppo_loss
 
 TINY: dict[str, Any] = {"num_envs": 8, "batch_size": 4, "rollout_length_frames": 8, "symmetry_coef": 0.5}
 

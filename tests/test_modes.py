@@ -49,18 +49,6 @@ def test_a_mode_refuses_its_settings_before_the_task_is_built(capsys: pytest.Cap
         Counting(cartpole_config(mode="fly")).run()
 
 
-def test_a_task_overriding_a_method_that_moved_is_refused_naming_where_it_went() -> None:
-    class OldStyle(CartpoleTask):
-        def make_viewer(self) -> None:
-            pass
-
-    with pytest.raises(
-        ConfigError, match=r"OldStyle.make_viewer overrides a method RLTask no longer has \(it moved to ksim.modes.view"
-    ):
-        OldStyle(cartpole_config())
-    CartpoleTask(cartpole_config())  # ksim's own classes and the examples define none of them
-
-
 def test_training_needs_no_viewer_extra_and_view_says_what_is_missing(tmp_path: Path) -> None:
     # viser comes with ksim[viewer]; a plain install (a GPU box, CI images) must still train, eval and export.
     code = (

@@ -20,7 +20,6 @@ from ksim import mjx_contract
 from ksim import observations as obs
 from ksim import rewards as rew
 from ksim import terminations as term
-from ksim.binding import bind_all
 from ksim.config import ConfigError
 from ksim.engine import ModelLayout, PhysicsEngine, StepContext, load_mujoco_model
 from ksim.physics import create_engine
@@ -356,16 +355,3 @@ def test_the_documented_custom_component_binds_and_observes(moving: Moving) -> N
     np.testing.assert_allclose(knee.observe(ctx), [moving.reference.body("fr_lleg").xpos[2]], atol=1e-5)
     with pytest.raises(ConfigError, match=r"KneeHeight\.knee: no site, geom or body named 'knee'"):
         names["KneeHeight"]().bind(ctx.layout)
-
-
-def test_a_component_written_with_the_old_check_hook_is_refused_in_one_line(mj_model: mujoco.MjModel) -> None:
-    @dataclasses.dataclass(frozen=True)
-    class OldStyle(obs.Observation):
-        def check(self, layout: ModelLayout) -> None:
-            raise AssertionError("never called")
-
-        def observe(self, ctx: StepContext) -> jax.Array:
-            return jnp.zeros(1)
-
-    with pytest.raises(ConfigError, match=r"^OldStyle defines check\(layout\), which ksim no longer calls"):
-        bind_all(ModelLayout.create(mj_model), [OldStyle()])

@@ -19,11 +19,9 @@ import xax
 from ksim.config import ConfigError, require_choice, require_divisible, require_non_negative
 from ksim.distributed import (
     LeafDivergence,
-    cpu_thread_pool_size,
     find_divergences,
     get_device_info,
     lapack_parallel_batch_threshold,
-    lapack_splits_batches,
     make_broadcast_from_first,
     make_replica_check,
     put_sharded,
@@ -35,6 +33,7 @@ from ksim.task import processes
 from ksim.task.processes import ManyProcesses, StopVote, Timeouts, check_timeouts
 from ksim.task.programs import AheadOfTimeProgram
 from ksim.task.rl import Program, RLConfig, RLTask, TrainState
+from ksim.xla_setup import cpu_thread_pool_size, lapack_splits_batches
 
 Array = jax.Array
 

@@ -22,26 +22,11 @@ from ksim.task.ppo_update import (
     UpdateHooks,
     adapt_learning_rate,
     compute_gae,
-    network_outputs,
     ppo_epochs,
-    ppo_loss,
-    ppo_minibatch_update,
     scaled_desired_kl,
 )
 from ksim.task.rl import Metrics, RLConfig, RLTask, SharedState
 from ksim.task.types import PolicyOutput, PolicyState, Trajectory
-
-# The update's pure functions live in ksim.task.ppo_update; importable from here as before.
-__all__ = [
-    "PPOBatch",
-    "PPOConfig",
-    "PPOTask",
-    "compute_gae",
-    "network_outputs",
-    "ppo_epochs",
-    "ppo_loss",
-    "ppo_minibatch_update",
-]
 
 Array = jax.Array
 

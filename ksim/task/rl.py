@@ -36,7 +36,6 @@ from ksim.randomization import Randomization
 from ksim.resets import Reset
 from ksim.rewards import Reward
 from ksim.task.checkpointing import RunCheckpoints, task_metadata
-from ksim.task.compat import check_no_moved_overrides
 from ksim.task.env import Environment, EnvSettings, bind_components
 from ksim.task.env_pool import EnvPool, reduce_rollout_metrics
 from ksim.task.evaluation import EvalResult, Evaluator
@@ -71,7 +70,6 @@ class RLTask(ABC, Generic[ConfigT]):
 
     def __init__(self, config: ConfigT) -> None:
         self.config = config
-        check_no_moved_overrides(type(self))
         self.validate_config()
         grid = self.get_terrain()
         self.terrain = None if grid is None else grid.build()
