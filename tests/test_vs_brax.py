@@ -74,3 +74,21 @@ def test_a_worker_that_fails_stops_both_with_its_error(tmp_path: Path) -> None:
     with pytest.raises(RuntimeError, match=r"broken failed:(.|\n)*a worker that fails"):
         take_turns(workers, first="ksim")
     assert all(worker.process.poll() is not None for worker in workers.values())
+
+
+def test_the_hopper_still_matches_what_the_brax_env_mirrors() -> None:
+    """Compared as values: a component field added with a default that keeps the MDP is not a change."""
+    from types import SimpleNamespace
+
+    from benchmarks.vs_brax.ksim_worker import component_changes
+    from examples.hopper import HopperTask
+    from ksim import rewards as rew
+
+    hooks = ("get_observations", "get_rewards", "get_terminations", "get_resets")
+    hopper = SimpleNamespace()  # the hooks read nothing of the task: no model to build
+    for hook in hooks:
+        setattr(hopper, hook, getattr(HopperTask, hook).__get__(hopper))
+    assert component_changes(hopper) == []
+    hopper.get_rewards = lambda: [rew.StayAlive(scale=2.0)]
+    (change,) = component_changes(hopper)
+    assert change.startswith("[StayAlive(scale=2.0)] != [StayAlive(scale=1.0), ForwardProgress(")
