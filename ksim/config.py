@@ -87,10 +87,12 @@ def parse_command_line(config: ConfigT, argv: Sequence[str] | None = None) -> Co
     return parse_overrides(config, args)
 
 
-def preset_from_command_line(presets: dict[str, ConfigT], argv: Sequence[str], default: str = "cpu") -> ConfigT:
-    """The preset a `preset=NAME` argument names (the last one; `default` without one); an unknown name is left
-    to the task's validation, which names the choices."""
-    names = [arg.split("=", 1)[1] for arg in argv if arg.startswith("preset=")]
+def preset_from_command_line(
+    presets: dict[str, ConfigT], argv: Sequence[str], default: str = "cpu", key: str = "preset"
+) -> ConfigT:
+    """The preset a `preset=NAME` argument (or `KEY=NAME`) names (the last one; `default` without one); an unknown
+    name is left to the task's validation, which names the choices."""
+    names = [arg.split("=", 1)[1] for arg in argv if arg.startswith(f"{key}=")]
     return presets.get(names[-1], presets[default]) if names else presets[default]
 
 

@@ -4,8 +4,6 @@ import numpy as np
 import pytest
 
 from benchmarks.gymnasium_suite import (
-    TASKS,
-    TUNED_5M,
     RunResult,
     eval_points,
     main,
@@ -16,6 +14,7 @@ from benchmarks.gymnasium_suite import (
     task_settings,
     update_line,
 )
+from examples.gymnasium import TASKS, TUNED_5M
 from ksim.config import ConfigError
 from ksim.task.evaluation import EvalResult
 

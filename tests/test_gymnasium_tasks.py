@@ -1,4 +1,4 @@
-"""Gymnasium's MuJoCo v5 tasks in ksim (benchmarks/gymnasium_suite.py) against `gymnasium.make("<Task>-v5")`.
+"""Gymnasium's MuJoCo v5 tasks in ksim (examples/gymnasium.py) against `gymnasium.make("<Task>-v5")`.
 
 Both start from the same state and take the same actions (a third of them outside the control range); after every
 control step the observation, the reward and the termination must agree. ksim keeps the state in float32 between
@@ -23,10 +23,10 @@ from scipy import stats
 
 gymnasium = pytest.importorskip("gymnasium")
 
-from benchmarks.gymnasium_suite import TASKS, GymnasiumTask, load_gymnasium_model, task_config  # noqa: E402
+from examples.gymnasium import TASKS, GymnasiumTask, load_gymnasium_model, task_config  # noqa: E402
 from ksim import observations as obs  # noqa: E402
 from ksim import terminations as term  # noqa: E402
-from ksim.config import ConfigError  # noqa: E402
+from ksim.config import ConfigError, preset_from_command_line  # noqa: E402
 from ksim.engine import ModelLayout  # noqa: E402
 from ksim.task.env import Environment  # noqa: E402
 from ksim.task.types import Episode, PolicyOutput, PolicyState, Transition  # noqa: E402
@@ -213,3 +213,14 @@ def test_new_components_refuse_what_they_cannot_apply_to() -> None:
 def test_the_ant_refuses_physics_other_than_c_mujoco() -> None:
     with pytest.raises(ConfigError, match=r"set physics_impl='mujoco'"):
         TASKS["Ant-v5"](task_config(TASKS["Ant-v5"], num_envs=4, batch_size=1, num_devices=1, physics_impl="jax"))
+
+
+def test_the_command_line_picks_the_task_and_refuses_one_that_is_not_there() -> None:
+    from examples.gymnasium import PRESETS
+
+    assert preset_from_command_line(PRESETS, ["num_envs=8", "task=Ant-v5"], "Hopper-v5", key="task").task == "Ant-v5"
+    assert preset_from_command_line(PRESETS, [], "Hopper-v5", key="task").task == "Hopper-v5"
+    with pytest.raises(ConfigError, match=r"^task='Cartpole' must be one of"):
+        TASKS["Hopper-v5"](task_config(TASKS["Hopper-v5"], task="Cartpole", num_devices=1))
+    with pytest.raises(ConfigError, match=r"^task='Ant-v5' is not HopperTask's 'Hopper-v5'"):
+        TASKS["Hopper-v5"](task_config(TASKS["Hopper-v5"], task="Ant-v5", num_devices=1))
