@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import ksim  # noqa: F401  (sizes the CPU thread pool before JAX starts)
-from benchmarks.tracking_breakdown import class_and_settings
+from ksim.tools.tracking_breakdown import class_and_settings
 
 
 @dataclass

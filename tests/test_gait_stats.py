@@ -1,11 +1,11 @@
-"""benchmarks/gait_stats.py says whether a walking policy's feet lift, take turns and stay down when told to stand."""
+"""ksim/tools/gait_stats.py says whether a walking policy's feet lift, take turns and stay down when told to stand."""
 
 import sys
 
 import numpy as np
 import pytest
 
-from benchmarks.gait_stats import FeetTrace, gait_stats, main, walking_windows
+from ksim.tools.gait_stats import FeetTrace, gait_stats, main, walking_windows
 
 WINDOW, SETTLE, GROUND = 10, 5, 0.3  # GROUND: the foot frame's height while the foot touches
 

@@ -1,4 +1,4 @@
-"""benchmarks/tracking_breakdown.py splits a tracking error into transients, a steady bias and oscillation."""
+"""ksim/tools/tracking_breakdown.py splits a tracking error into transients, a steady bias and oscillation."""
 
 import dataclasses
 import sys
@@ -7,7 +7,7 @@ import types
 import numpy as np
 import pytest
 
-from benchmarks.tracking_breakdown import (
+from ksim.tools.tracking_breakdown import (
     Trace,
     band_errors,
     breakdown,

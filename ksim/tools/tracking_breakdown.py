@@ -1,8 +1,8 @@
 """Where a velocity-command policy's tracking error comes from: transients, a steady bias, or oscillation.
 
-    .venv/bin/python -m benchmarks.tracking_breakdown examples.kbot:KBotTask RUN/checkpoints/ckpt_latest.bin
-    .venv/bin/python -m benchmarks.tracking_breakdown examples.kbot:KBotTask CKPT gait_period_s=0.6  # as trained
-    .venv/bin/python -m benchmarks.tracking_breakdown examples.kbot:KBotTask CKPT --nominal  # no randomization
+    .venv/bin/python -m ksim.tools.tracking_breakdown examples.kbot:KBotTask RUN/checkpoints/ckpt_latest.bin
+    .venv/bin/python -m ksim.tools.tracking_breakdown examples.kbot:KBotTask CKPT gait_period_s=0.6  # as trained
+    .venv/bin/python -m ksim.tools.tracking_breakdown examples.kbot:KBotTask CKPT --nominal  # no randomization
 
 `mode=eval`'s `eval/command_error` and `eval/yaw_rate_error` average the per-step error over whole episodes. This
 plays the same deterministic episodes (the task's module's `DEFAULT_CONFIG` with the `key=value` settings the

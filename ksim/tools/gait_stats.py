@@ -1,6 +1,6 @@
 """How a walking policy uses its feet: whether they lift, take turns, and stay down when it is told to stand.
 
-    .venv/bin/python -m benchmarks.gait_stats examples.kbot:KBotTask RUN/checkpoints/ckpt_latest.bin \
+    .venv/bin/python -m ksim.tools.gait_stats examples.kbot:KBotTask RUN/checkpoints/ckpt_latest.bin \
         --feet LFootBushing_GPF_1517_12,RFootBushing_GPF_1517_12
 
 Plays deterministic episodes as `tracking_breakdown` does (the task's module's `DEFAULT_CONFIG` with the run's
@@ -25,11 +25,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from benchmarks.tracking_breakdown import load_tracking_task, play, steps_since_change
 from ksim.config import ConfigError
 from ksim.engine import Point
 from ksim.observations import feet_geoms
 from ksim.rewards import feet_points
+from ksim.tools.tracking_breakdown import load_tracking_task, play, steps_since_change
 
 
 class FeetTrace(NamedTuple):
