@@ -66,23 +66,77 @@ def test_the_cycle_finder_finds_a_type_checking_cycle() -> None:
     assert find_cycle({"a": {"b"}, "b": set()}) is None
 
 
-def test_the_task_layer_imports_nothing_above_it() -> None:
-    """Nothing under ksim/task/ imports a mode, the viewer or a benchmark (modes take a built task)."""
-    graph = import_graph()
+# ksim's layers from the bottom up (docs/architecture.md): a module imports only from its own layer or below.
+LAYERS: list[tuple[str, tuple[str, ...]]] = [
+    (
+        "base and robot side",
+        (
+            "ksim.errors", "ksim.config", "ksim.xla_setup", "ksim.quiet_imports", "ksim.reporting",
+            "ksim.normalization", "ksim.networks", "ksim.distributed", "ksim.checkpoint", "ksim.geom_mesh",
+            "ksim.wandb_logging", "ksim.render", "ksim.plot", "ksim.policy_spec", "ksim.runtime", "ksim.assets",
+        ),
+    ),
+    ("physics", ("ksim.engine", "ksim.mjx_import", "ksim.mjx_contract", "ksim.physics")),
+    (
+        "components",
+        (
+            "ksim.binding", "ksim.stateful", "ksim.terrain", "ksim.observations", "ksim.rewards",
+            "ksim.terminations", "ksim.resets", "ksim.actuators", "ksim.randomization", "ksim.commands",
+            "ksim.events", "ksim.mirror", "ksim.viewer_settings", "ksim.robot_side", "ksim.export",
+        ),
+    ),
+    ("env, learner and tasks", ("ksim.task",)),
+    ("viewer", ("ksim.viewer", "ksim.viewer_sim")),
+    ("modes", ("ksim.modes", "ksim.sim2sim")),
+    ("tools", ("ksim.tools", "ksim.inspect")),
+]  # fmt: skip
 
-    def above(dep: str) -> bool:
-        return dep in ("ksim.viewer", "ksim.viewer_sim") or dep.startswith(("ksim.modes", "benchmarks"))
 
-    for module, deps in graph.items():
-        if module.startswith("ksim.task."):
-            assert not [dep for dep in deps if above(dep)], module
+def layer_of(module: str) -> int:
+    """The index in LAYERS of the layer that holds `module` (the longest prefix that names it)."""
+    matches = [
+        (len(prefix), index)
+        for index, (_, prefixes) in enumerate(LAYERS)
+        for prefix in prefixes
+        if module == prefix or module.startswith(prefix + ".")
+    ]
+    assert matches, f"{module} is in no layer of tests/test_structure.py's LAYERS"
+    return max(matches)[1]
 
 
-def test_rl_task_keeps_what_a_task_defines() -> None:
-    """RLTask stays the task's definition and its programs: at most 400 lines and 45 methods."""
-    path = PACKAGE / "task" / "rl.py"
-    source = path.read_text()
-    (task_class,) = [n for n in ast.parse(source).body if isinstance(n, ast.ClassDef) and n.name == "RLTask"]
-    methods = [n for n in task_class.body if isinstance(n, ast.FunctionDef)]
-    assert len(source.splitlines()) <= 400
-    assert len(methods) <= 45
+def test_every_module_imports_only_its_own_layer_or_below() -> None:
+    upward = [
+        f"{module} ({LAYERS[layer_of(module)][0]}) imports {dep} ({LAYERS[layer_of(dep)][0]})"
+        for module, deps in import_graph().items()
+        if module != "ksim"
+        for dep in sorted(deps)
+        if layer_of(dep) > layer_of(module)
+    ]
+    assert upward == []
+
+
+def test_the_layer_check_sees_an_upward_import() -> None:
+    assert layer_of("ksim.task.env") > layer_of("ksim.observations") > layer_of("ksim.engine")
+    assert layer_of("ksim.tools.gait_stats") == len(LAYERS) - 1
+
+
+def imports_of(folder: Path) -> dict[str, set[str]]:
+    """Each module file under `folder` with the top-level packages it imports anywhere."""
+    found = {}
+    for path in folder.rglob("*.py"):
+        names = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names |= {alias.name.split(".")[0] for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names.add(node.module.split(".")[0])
+        found[str(path.relative_to(folder.parent))] = names
+    return found
+
+
+def test_benchmarks_only_measure() -> None:
+    """Nothing in ksim/ or examples/ imports benchmarks/; ksim imports no example."""
+    root = PACKAGE.parent
+    library = {**imports_of(PACKAGE), **imports_of(root / "examples")}
+    assert [path for path, names in library.items() if "benchmarks" in names] == []
+    assert [path for path, names in imports_of(PACKAGE).items() if "examples" in names] == []
