@@ -197,6 +197,8 @@ class ContactForces(obs.Observation):
     def observe(self, ctx: StepContext) -> Array:
         return jnp.clip(ctx.data.cfrc_ext[1:], -self.clip, self.clip)
 
+    robot_input = obs.simulator_only
+
 
 @dataclass(frozen=True)
 class ContactCost(rew.Reward):

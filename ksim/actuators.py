@@ -7,11 +7,15 @@ Which class fits a model depends on its MJCF actuators (`actuator_kind` names th
   (the target is the default pose plus the scaled action).
 
 `gain_scales` holds one env's randomized PD-gain multipliers ("kp", "kd"; see ksim.randomization).
+
+Each class is its one definition: `ctrl` is what it does in training, `robot_actuation` how a robot does the
+same from the exported action (ksim.policy_spec's ActuationSpec, which ksim.runtime runs without JAX).
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
@@ -24,8 +28,10 @@ import jax.numpy as jnp
 import mujoco
 import numpy as np
 
+from ksim.binding import undefined
 from ksim.config import ConfigError
 from ksim.engine import actuator_force_ranges
+from ksim.policy_spec import ActuationSpec
 
 if TYPE_CHECKING:  # MJX's types only: the native engine runs without importing MJX
     from mujoco import mjx
@@ -98,6 +104,52 @@ class Actuators(ABC):
         scales into its fields; the others keep them for `ctrl`."""
         return dict(gain_scales), dict(model_fields)
 
+    @undefined
+    def robot_actuation(self, mj_model: mujoco.MjModel) -> ActuationSpec:
+        """How a robot turns the exported action into its targets or torques, as `ctrl` does in training."""
+        cls = type(self).__name__
+        raise ConfigError(f"mode='export' cannot describe {cls} for a robot: define {cls}.robot_actuation(mj_model)")
+
+
+def motor_actuation(
+    mj_model: mujoco.MjModel, action_scale: float, ctrl_low: np.ndarray, ctrl_high: np.ndarray
+) -> ActuationSpec:
+    """The torque actuation of `mj_model`'s actuators (ctrl = action_scale * action within the bounds, times the
+    gear), which the PD and servo kinds add their gains to."""
+    joints = [
+        (mujoco.mj_id2name(mj_model, mujoco.mjtObj.mjOBJ_JOINT, int(j)) or "")
+        if mj_model.actuator_trntype[i] == mujoco.mjtTrn.mjTRN_JOINT
+        else ""
+        for i, j in enumerate(mj_model.actuator_trnid[:, 0])
+    ]
+    gear = mj_model.actuator_gear[:, 0].astype(np.float32)
+    labels = actuator_labels(mj_model)
+    return ActuationSpec(
+        "torque", labels, joints, float(action_scale), _floats(gear), _limits(ctrl_low), _limits(ctrl_high)
+    )
+
+
+def _with_gains(spec: ActuationSpec, kind: str, default: np.ndarray, kp: np.ndarray, kd: np.ndarray) -> ActuationSpec:
+    return dataclasses.replace(spec, kind=kind, default_position=_floats(default), kp=_floats(kp), kd=_floats(kd))
+
+
+def servo_force_limits(mj_model: mujoco.MjModel) -> tuple[list[float] | None, list[float] | None]:
+    """The actuators' force ranges as (low, high): float32 extremes where one is not limited; None where none is."""
+    if not mj_model.actuator_forcelimited.any():
+        return None, None
+    ranges = actuator_force_ranges(mj_model)
+    return _limits(ranges[:, 0]), _limits(ranges[:, 1])
+
+
+def _floats(values: np.ndarray) -> list[float]:
+    return [float(v) for v in np.asarray(values, np.float64)]
+
+
+def _limits(values: np.ndarray) -> list[float]:
+    """Bounds for JSON, which has no infinity: an unbounded side becomes float32's extreme (the same clip)."""
+    unlimited = float(np.finfo(np.float32).max)
+    return _floats(np.clip(np.asarray(values, np.float64), -unlimited, unlimited))
+
 
 @dataclass(frozen=True)
 class TorqueActuators(Actuators):
@@ -114,6 +166,9 @@ class TorqueActuators(Actuators):
 
     def ctrl(self, action: Array, data: mjx.Data, gain_scales: Mapping[str, Array] | None = None) -> Array:
         return jnp.clip(action * self.action_scale, self.ctrl_low, self.ctrl_high)
+
+    def robot_actuation(self, mj_model: mujoco.MjModel) -> ActuationSpec:
+        return motor_actuation(mj_model, self.action_scale, self.ctrl_low, self.ctrl_high)
 
 
 @dataclass(frozen=True)
@@ -173,6 +228,10 @@ class PositionActuators(Actuators):
         torque = kp * (target - data.qpos[self.qpos_index]) - kd * data.qvel[self.qvel_index]
         return jnp.clip(torque / self.gear, self.ctrl_low, self.ctrl_high)
 
+    def robot_actuation(self, mj_model: mujoco.MjModel) -> ActuationSpec:
+        spec = motor_actuation(mj_model, self.action_scale, self.ctrl_low, self.ctrl_high)
+        return _with_gains(spec, "pd", self.default_qpos, self.kp, self.kd)
+
 
 @dataclass(frozen=True)
 class PositionServoActuators(Actuators):
@@ -216,6 +275,14 @@ class PositionServoActuators(Actuators):
 
     def ctrl(self, action: Array, data: mjx.Data, gain_scales: Mapping[str, Array] | None = None) -> Array:
         return jnp.clip(self.default_ctrl + self.gear * self.action_scale * action, self.ctrl_low, self.ctrl_high)
+
+    def robot_actuation(self, mj_model: mujoco.MjModel) -> ActuationSpec:
+        """The servos' gains and force limits live in the model."""
+        spec = motor_actuation(mj_model, self.action_scale, self.ctrl_low, self.ctrl_high)
+        kp, kd = mj_model.actuator_gainprm[:, 0], -mj_model.actuator_biasprm[:, 2]
+        servo = _with_gains(spec, "servo", self.default_ctrl / self.gear, kp, kd)
+        low, high = servo_force_limits(mj_model)
+        return dataclasses.replace(servo, force_low=low, force_high=high)
 
     def apply_gain_scales(
         self, gain_scales: Mapping[str, Array], model_fields: Mapping[str, Array], model: mjx.Model

@@ -10,7 +10,7 @@ used without binding says so on its first use of a resolved field.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol, TypeVar
 
 from ksim.config import ConfigError
@@ -61,3 +61,24 @@ B = TypeVar("B", bound=Bindable)
 def bind_all(layout: ModelLayout, components: Sequence[B]) -> tuple[B, ...]:
     """Every component bound to the model (each refuses what cannot apply, before anything compiles)."""
     return tuple(component.bind(layout) for component in components)
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def undefined(method: F) -> F:
+    """Marks a base class's method that only says, when called, that a subclass has to define it."""
+    method.__ksim_undefined__ = True  # type: ignore[attr-defined]
+    return method
+
+
+def inherited_past(component: object, method: str, behaviour: str) -> type | None:
+    """The class `component` inherits `method` from where a class below that one redefines `behaviour` (so
+    `method`, written for the other behaviour, may not describe this component), else None; None too where
+    `method` is the base's `undefined` one, which says so itself."""
+    mro = type(component).__mro__
+    definer = next(cls for cls in mro if method in vars(cls))
+    behaver = next(cls for cls in mro if behaviour in vars(cls))
+    if getattr(vars(definer)[method], "__ksim_undefined__", False) or issubclass(definer, behaver):
+        return None
+    return definer

@@ -8,22 +8,22 @@ The mirror plane is the base body's x-z plane at the model's default pose. Joint
 name: a hinge's anchor and axis, reflected (the axis as a rotation axis), must meet another hinge's, or its own,
 within `ANCHOR_TOLERANCE_M`; the sign says whether the two turn the same way. Every mirror here is a signed
 permutation of a vector's values, built once when the task is built; what has no mirror image is refused in
-one line then. A new observation class gets its mirror with `@observation_mirror.register`.
+one line then. Each observation class says its own mirror image (`Observation.mirror(context)`, in
+ksim.observations), from the pieces here.
 """
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 import jax
 import mujoco
 import numpy as np
 
-from ksim import observations as obs
-from ksim.commands import Command, VelocityCommand
+from ksim.binding import inherited_past
+from ksim.commands import Command
 from ksim.config import ConfigError
 from ksim.engine import ModelLayout
 
@@ -154,96 +154,6 @@ class MirrorContext:
     command: Command | None
 
 
-@functools.singledispatch
-def observation_mirror(observation: obs.Observation, context: MirrorContext) -> Mirror:
-    """The mirror of one observation's values; observations without one are refused."""
-    raise ConfigError(
-        f"symmetry_coef > 0: observation {observation.name} has no mirror image (register one with "
-        "ksim.mirror.observation_mirror.register)"
-    )
-
-
-@observation_mirror.register
-def _(observation: obs.JointPosition, context: MirrorContext) -> Mirror:
-    mirror = context.geometry.joint_mirror(observation.joint_ids, f"{observation.name}.joints")
-    if np.abs(mirror(observation.origin) - observation.origin).max(initial=0.0) > POSE_TOLERANCE:
-        raise ConfigError(f"{observation.name}.offset is not its own mirror image")
-    return mirror
-
-
-@observation_mirror.register
-def _(observation: obs.JointVelocity, context: MirrorContext) -> Mirror:
-    return context.geometry.joint_mirror(observation.joint_ids, f"{observation.name}.joints")
-
-
-@observation_mirror.register(obs.FeetContact)
-@observation_mirror.register(obs.FeetContactForce)
-def _(observation: obs.FeetContact | obs.FeetContactForce, context: MirrorContext) -> Mirror:
-    return context.geometry.feet_mirror(observation.feet, observation.foot_geoms, f"{observation.name}.feet")
-
-
-@observation_mirror.register
-def _(observation: obs.LastAction, context: MirrorContext) -> Mirror:
-    return context.action
-
-
-@observation_mirror.register
-def _(observation: obs.Command, context: MirrorContext) -> Mirror:
-    if not isinstance(context.command, VelocityCommand):
-        raise ConfigError(f"symmetry_coef > 0: the command {type(context.command).__name__} has no mirror image")
-    return Mirror.signs(1.0, -1.0, -1.0)  # forward, lateral, yaw rate
-
-
-@observation_mirror.register
-def _(observation: obs.GaitPhase, context: MirrorContext) -> Mirror:
-    return Mirror.signs(-1.0, -1.0)  # half a period on: the other foot's turn
-
-
-@observation_mirror.register
-def _(observation: obs.ProjectedGravity, context: MirrorContext) -> Mirror:
-    if observation.sensor is None:
-        return Mirror.signs(*POLAR)
-    model = context.geometry.mj_model
-    sensor = context.geometry.layout.sensor_names.index(observation.sensor)
-    if model.sensor_objtype[sensor] != mujoco.mjtObj.mjOBJ_SITE:
-        raise ConfigError(f"{observation.name}.sensor={observation.sensor!r}: symmetry needs a site's framequat")
-    site = int(model.sensor_objid[sensor])
-    return context.geometry.site_frame_mirror(site, False, f"{observation.name}.sensor", on_plane=False)
-
-
-@observation_mirror.register
-def _(observation: obs.Sensor, context: MirrorContext) -> Mirror:
-    model = context.geometry.mj_model
-    sensor = context.geometry.layout.sensor_names.index(observation.sensor)
-    kind = mujoco.mjtSensor(int(model.sensor_type[sensor]))
-    vectors = (mujoco.mjtSensor.mjSENS_GYRO, mujoco.mjtSensor.mjSENS_ACCELEROMETER, mujoco.mjtSensor.mjSENS_VELOCIMETER)
-    if kind not in vectors:
-        raise ConfigError(
-            f"{observation.name}: a {kind.name} sensor has no mirror image here (gyro, accelerometer and velocimeter "
-            "have)"
-        )
-    gyro = kind == mujoco.mjtSensor.mjSENS_GYRO  # angular velocity: an axial vector, the same anywhere on the body
-    site = int(model.sensor_objid[sensor])
-    return context.geometry.site_frame_mirror(site, gyro, observation.name, on_plane=not gyro)
-
-
-@observation_mirror.register
-def _(observation: obs.BaseLinearVelocity, context: MirrorContext) -> Mirror:
-    if observation.world:
-        raise ConfigError(f"{observation.name}(world=True): a world-frame velocity has no fixed mirror image")
-    return Mirror.signs(*POLAR)
-
-
-@observation_mirror.register
-def _(observation: obs.BaseAngularVelocity, context: MirrorContext) -> Mirror:
-    return Mirror.signs(*AXIAL)
-
-
-@observation_mirror.register
-def _(observation: obs.BaseHeight, context: MirrorContext) -> Mirror:
-    return Mirror.signs(1.0)
-
-
 @dataclass(frozen=True)
 class PolicyMirror:
     """The mirror of the actor's input (every history frame alike) and of its action."""
@@ -270,10 +180,31 @@ def action_mirror(geometry: RobotGeometry) -> Mirror:
     return mirror
 
 
+class Mirrored(Protocol):
+    """An observation as the symmetry loss sees it (ksim.observations.Observation)."""
+
+    @property
+    def name(self) -> str: ...
+
+    def mirror(self, context: MirrorContext) -> Mirror: ...
+
+
+def observation_mirror(observation: Mirrored, context: MirrorContext) -> Mirror:
+    """The mirror of one observation's values; ConfigError where it has none, or where its class redefines
+    observe() below the class whose mirror() it inherits (that mirror may not be this observation's)."""
+    stale = inherited_past(observation, "mirror", "observe")
+    if stale is not None:
+        raise ConfigError(
+            f"symmetry_coef > 0: {type(observation).__name__} redefines observe() but inherits mirror() from "
+            f"{stale.__name__}: define {type(observation).__name__}.mirror(context) (ksim.mirror)"
+        )
+    return observation.mirror(context)
+
+
 def policy_mirror(
     mj_model: mujoco.MjModel,
     layout: ModelLayout,
-    observations: Sequence[obs.Observation],
+    observations: Sequence[Mirrored],
     sizes: Sequence[int],
     command: Command | None,
     history: int,

@@ -7,21 +7,51 @@ and resolves them once (ksim.binding).
 
 Every observation takes `noise=` (keyword only): the scale of the noise added to it during training
 rollouts, Gaussian (standard deviation) or uniform (half-width, `noise_type="uniform"`).
+
+An observation class is its one definition: `observe(ctx)` is its value in training, `robot_input(size, robot)`
+what a robot reads for it and how that reading becomes the value (ksim.policy_spec's vocabulary, which
+ksim.runtime computes without JAX, and ksim.sim2sim's readings come from one table of MuJoCo sources), or
+`simulator_only` where only a simulator knows it, and `mirror(context)` its left-right mirror image for the
+symmetry loss (ksim.mirror). `tests/test_runtime.py` checks every class here: its robot-side form gives its
+training value on the same states, or it is declared simulator-only.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import ClassVar, Self
+from typing import Any, ClassVar, Self
 
 import jax
 import jax.numpy as jnp
+import mujoco
 import numpy as np
 
-from ksim.binding import resolved, with_resolved
+from ksim.binding import resolved, undefined, with_resolved
+from ksim.commands import VelocityCommand
 from ksim.config import ConfigError
 from ksim.engine import ModelLayout, Point, StepContext, rotate, rotate_inverse
+from ksim.mirror import AXIAL, POLAR, POSE_TOLERANCE, Mirror, MirrorContext
+from ksim.policy_spec import (
+    BASE_ANGULAR_VELOCITY,
+    BASE_HEIGHT,
+    BASE_LINEAR_VELOCITY,
+    BASE_LINEAR_VELOCITY_WORLD,
+    BASE_ORIENTATION,
+    COMMAND,
+    FOOT_CONTACTS,
+    GAIT_PHASE,
+    INPUT_PREFIX,
+    JOINT_POSITIONS,
+    JOINT_VELOCITIES,
+    LAST_ACTION,
+    PROJECTED_GRAVITY,
+    ROBOT,
+    RUNTIME,
+    SENSOR_PREFIX,
+    SIMULATOR,
+    PolicyInput,
+)
 from ksim.terrain import Terrain
 
 Array = jax.Array
@@ -32,8 +62,23 @@ DEFAULT_POSE = "default"  # JointPosition(offset=...) and JointPoseDeviation(pos
 
 
 @dataclass(frozen=True)
+class RobotContext:
+    """What an observation's robot-side form may need: the model's layout and the joints whose encoders the
+    joint_positions and joint_velocities readings list, in that order."""
+
+    layout: ModelLayout
+    encoder_joints: tuple[int, ...]
+
+
+def simulator_only(observation: Observation, size: int, robot: RobotContext) -> PolicyInput:
+    """`robot_input` of an observation only a simulator knows: the runtime's caller supplies its values as is."""
+    return PolicyInput(observation.name, size, INPUT_PREFIX + observation.name, size, SIMULATOR)
+
+
+@dataclass(frozen=True)
 class Observation(ABC):
-    """One named piece of the policy's input."""
+    """One named piece of the policy's input: its value in training (`observe`), on a robot (`robot_input`)
+    and mirrored (`mirror`)."""
 
     noise: float = field(default=0.0, kw_only=True)
     noise_type: str = field(default="gaussian", kw_only=True)
@@ -48,6 +93,24 @@ class Observation(ABC):
 
     @abstractmethod
     def observe(self, ctx: StepContext) -> Array: ...
+
+    @undefined
+    def robot_input(self, size: int, robot: RobotContext) -> PolicyInput:
+        """This observation as a robot computes it: the reading that feeds it and the transform that makes it
+        this value (ksim.policy_spec); `robot_input = simulator_only` where only a simulator knows it."""
+        cls = type(self).__name__
+        raise ConfigError(
+            f"mode='export': {cls} does not say what a robot reads for it: define {cls}.robot_input(size, robot) "
+            "(ksim.policy_spec's readings and transforms), or set robot_input = ksim.observations.simulator_only"
+        )
+
+    @undefined
+    def mirror(self, context: MirrorContext) -> Mirror:
+        """The mirror of this observation's values across the robot's x-z plane (symmetry_coef > 0)."""
+        raise ConfigError(
+            f"symmetry_coef > 0: observation {self.name} has no mirror image: define "
+            f"{type(self).__name__}.mirror(context) (ksim.mirror has the pieces)"
+        )
 
 
 def _clip(values: Array, clip: float | None) -> Array:
@@ -84,6 +147,16 @@ class JointPosition(Observation):
     def observe(self, ctx: StepContext) -> Array:
         return ctx.joint_pos_of(self.joint_ids) - jnp.asarray(self.origin)
 
+    def robot_input(self, size: int, robot: RobotContext) -> PolicyInput:
+        offset = [float(v) for v in np.asarray(self.origin, np.float32)]
+        return _encoder_input(self, size, robot, JOINT_POSITIONS, offset=offset)
+
+    def mirror(self, context: MirrorContext) -> Mirror:
+        mirror = context.geometry.joint_mirror(self.joint_ids, f"{self.name}.joints")
+        if np.abs(mirror(self.origin) - self.origin).max(initial=0.0) > POSE_TOLERANCE:
+            raise ConfigError(f"{self.name}.offset is not its own mirror image")
+        return mirror
+
 
 @dataclass(frozen=True)
 class JointVelocity(Observation):
@@ -99,6 +172,24 @@ class JointVelocity(Observation):
 
     def observe(self, ctx: StepContext) -> Array:
         return _clip(ctx.joint_vel_of(self.joint_ids) * self.scale, self.clip)
+
+    def robot_input(self, size: int, robot: RobotContext) -> PolicyInput:
+        return _encoder_input(self, size, robot, JOINT_VELOCITIES, scale=self.scale, clip=self.clip)
+
+    def mirror(self, context: MirrorContext) -> Mirror:
+        return context.geometry.joint_mirror(self.joint_ids, f"{self.name}.joints")
+
+
+def _encoder_input(
+    observation: JointPosition | JointVelocity, size: int, robot: RobotContext, reading: str, **transform: Any
+) -> PolicyInput:
+    """A joint observation from the encoders' reading; simulator-only where a joint has no encoder (a ball or
+    free joint)."""
+    joints = robot.encoder_joints
+    if any(j not in joints for j in observation.joint_ids):
+        return simulator_only(observation, size, robot)
+    indices = [joints.index(j) for j in observation.joint_ids]
+    return PolicyInput(observation.name, size, reading, len(joints), ROBOT, indices=indices, **transform)
 
 
 @dataclass(frozen=True)
@@ -116,6 +207,8 @@ class GeneralizedPosition(Observation):
 
     def observe(self, ctx: StepContext) -> Array:
         return ctx.data.qpos[self.skip :]
+
+    robot_input = simulator_only
 
 
 @dataclass(frozen=True)
@@ -147,6 +240,20 @@ class ProjectedGravity(Observation):
             return ctx.projected_gravity
         return rotate_inverse(ctx.sensor_at(self.span), jnp.array([0.0, 0.0, -1.0]))
 
+    def robot_input(self, size: int, robot: RobotContext) -> PolicyInput:
+        reading = BASE_ORIENTATION if self.sensor is None else SENSOR_PREFIX + self.sensor
+        return PolicyInput(self.name, size, reading, 4, ROBOT, transform=PROJECTED_GRAVITY)
+
+    def mirror(self, context: MirrorContext) -> Mirror:
+        if self.sensor is None:
+            return Mirror.signs(*POLAR)
+        model = context.geometry.mj_model
+        sensor = context.geometry.layout.sensor_names.index(self.sensor)
+        if model.sensor_objtype[sensor] != mujoco.mjtObj.mjOBJ_SITE:
+            raise ConfigError(f"{self.name}.sensor={self.sensor!r}: symmetry needs a site's framequat")
+        site = int(model.sensor_objid[sensor])
+        return context.geometry.site_frame_mirror(site, False, f"{self.name}.sensor", on_plane=False)
+
 
 @dataclass(frozen=True)
 class BaseOrientation(_BaseObservation):
@@ -155,11 +262,20 @@ class BaseOrientation(_BaseObservation):
     def observe(self, ctx: StepContext) -> Array:
         return ctx.base_quat
 
+    def robot_input(self, size: int, robot: RobotContext) -> PolicyInput:
+        return PolicyInput(self.name, size, BASE_ORIENTATION, 4, ROBOT)
+
 
 @dataclass(frozen=True)
 class BaseHeight(_BaseObservation):
     def observe(self, ctx: StepContext) -> Array:
         return ctx.base_pos[2:3]
+
+    def robot_input(self, size: int, robot: RobotContext) -> PolicyInput:
+        return PolicyInput(self.name, size, BASE_HEIGHT, size, SIMULATOR)  # sim-to-sim reads it from the model
+
+    def mirror(self, context: MirrorContext) -> Mirror:
+        return Mirror.signs(1.0)
 
 
 @dataclass(frozen=True)
@@ -174,6 +290,15 @@ class BaseLinearVelocity(_BaseObservation):
         velocity = ctx.base_lin_vel_world if self.world else ctx.base_lin_vel
         return _clip(velocity * self.scale, self.clip)
 
+    def robot_input(self, size: int, robot: RobotContext) -> PolicyInput:
+        reading = BASE_LINEAR_VELOCITY_WORLD if self.world else BASE_LINEAR_VELOCITY
+        return PolicyInput(self.name, size, reading, 3, SIMULATOR, scale=self.scale, clip=self.clip)
+
+    def mirror(self, context: MirrorContext) -> Mirror:
+        if self.world:
+            raise ConfigError(f"{self.name}(world=True): a world-frame velocity has no fixed mirror image")
+        return Mirror.signs(*POLAR)
+
 
 @dataclass(frozen=True)
 class BaseAngularVelocity(_BaseObservation):
@@ -184,6 +309,12 @@ class BaseAngularVelocity(_BaseObservation):
 
     def observe(self, ctx: StepContext) -> Array:
         return _clip(ctx.base_ang_vel * self.scale, self.clip)
+
+    def robot_input(self, size: int, robot: RobotContext) -> PolicyInput:
+        return PolicyInput(self.name, size, BASE_ANGULAR_VELOCITY, 3, ROBOT, scale=self.scale, clip=self.clip)
+
+    def mirror(self, context: MirrorContext) -> Mirror:
+        return Mirror.signs(*AXIAL)
 
 
 @dataclass(frozen=True)
@@ -198,6 +329,8 @@ class BodyPosition(Observation):
 
     def observe(self, ctx: StepContext) -> Array:
         return ctx.point_pos(self.point) - ctx.base_pos
+
+    robot_input = simulator_only
 
 
 @dataclass(frozen=True)
@@ -214,6 +347,8 @@ class BodyLinearVelocity(Observation):
 
     def observe(self, ctx: StepContext) -> Array:
         return _clip(ctx.point_lin_vel_world(self.point) * self.scale, self.clip)
+
+    robot_input = simulator_only
 
 
 @dataclass(frozen=True)
@@ -234,6 +369,23 @@ class Sensor(Observation):
     def observe(self, ctx: StepContext) -> Array:
         return ctx.sensor_at(self.span) * self.scale
 
+    def robot_input(self, size: int, robot: RobotContext) -> PolicyInput:
+        return PolicyInput(self.name, size, SENSOR_PREFIX + self.sensor, size, ROBOT, scale=self.scale)
+
+    def mirror(self, context: MirrorContext) -> Mirror:
+        model = context.geometry.mj_model
+        sensor = context.geometry.layout.sensor_names.index(self.sensor)
+        kind = mujoco.mjtSensor(int(model.sensor_type[sensor]))
+        sensors = mujoco.mjtSensor
+        vectors = (sensors.mjSENS_GYRO, sensors.mjSENS_ACCELEROMETER, sensors.mjSENS_VELOCIMETER)
+        if kind not in vectors:
+            raise ConfigError(
+                f"{self.name}: a {kind.name} sensor has no mirror image here (gyro, accelerometer and velocimeter have)"
+            )
+        gyro = kind == sensors.mjSENS_GYRO  # angular velocity: an axial vector, the same anywhere on the body
+        site = int(model.sensor_objid[sensor])
+        return context.geometry.site_frame_mirror(site, gyro, self.name, on_plane=not gyro)
+
 
 @dataclass(frozen=True)
 class FeetContact(Observation):
@@ -252,6 +404,12 @@ class FeetContact(Observation):
     def observe(self, ctx: StepContext) -> Array:
         return jnp.stack([ctx.in_contact(geoms) for geoms in self.foot_geoms]).astype(jnp.float32)
 
+    def robot_input(self, size: int, robot: RobotContext) -> PolicyInput:
+        return PolicyInput(self.name, size, FOOT_CONTACTS, size, ROBOT)  # the feet named in policy.json
+
+    def mirror(self, context: MirrorContext) -> Mirror:
+        return context.geometry.feet_mirror(self.feet, self.foot_geoms, f"{self.name}.feet")
+
 
 @dataclass(frozen=True)
 class FeetContactForce(Observation):
@@ -267,6 +425,11 @@ class FeetContactForce(Observation):
     def observe(self, ctx: StepContext) -> Array:
         return jnp.stack([ctx.contact_force(geoms) for geoms in self.foot_geoms]) * self.scale
 
+    robot_input = simulator_only
+
+    def mirror(self, context: MirrorContext) -> Mirror:
+        return context.geometry.feet_mirror(self.feet, self.foot_geoms, f"{self.name}.feet")
+
 
 def feet_geoms(layout: ModelLayout, feet: tuple[str, ...], setting: str) -> tuple[tuple[int, ...], ...]:
     """Per foot name, the geoms that touch for it; no feet, or a foot that cannot touch, raise naming `setting`."""
@@ -280,6 +443,12 @@ class LastAction(Observation):
     def observe(self, ctx: StepContext) -> Array:
         return ctx.action
 
+    def robot_input(self, size: int, robot: RobotContext) -> PolicyInput:
+        return PolicyInput(self.name, size, source=RUNTIME, transform=LAST_ACTION)
+
+    def mirror(self, context: MirrorContext) -> Mirror:
+        return context.action
+
 
 @dataclass(frozen=True)
 class Command(Observation):
@@ -290,6 +459,14 @@ class Command(Observation):
 
     def observe(self, ctx: StepContext) -> Array:
         return ctx.command * self.scale
+
+    def robot_input(self, size: int, robot: RobotContext) -> PolicyInput:
+        return PolicyInput(self.name, size, COMMAND, size, ROBOT, scale=self.scale)
+
+    def mirror(self, context: MirrorContext) -> Mirror:
+        if not isinstance(context.command, VelocityCommand):
+            raise ConfigError(f"symmetry_coef > 0: the command {type(context.command).__name__} has no mirror image")
+        return Mirror.signs(1.0, -1.0, -1.0)  # forward, lateral, yaw rate
 
 
 @dataclass(frozen=True)
@@ -325,6 +502,8 @@ class HeightScan(_BaseObservation):
             [cos * points[:, 0] - sin * points[:, 1], sin * points[:, 0] + cos * points[:, 1]], -1
         )
         return jnp.clip(self.terrain.height_at(world) - ctx.base_pos[2], -self.clip, self.clip)
+
+    robot_input = simulator_only
 
 
 def check_noise(observations: tuple[Observation, ...]) -> None:
@@ -368,3 +547,9 @@ class GaitPhase(Observation):
     def observe(self, ctx: StepContext) -> Array:
         angle = 2 * jnp.pi * ctx.data.time / self.period_s
         return jnp.stack([jnp.sin(angle), jnp.cos(angle)])
+
+    def robot_input(self, size: int, robot: RobotContext) -> PolicyInput:
+        return PolicyInput(self.name, size, source=RUNTIME, transform=GAIT_PHASE, period_s=self.period_s)
+
+    def mirror(self, context: MirrorContext) -> Mirror:
+        return Mirror.signs(-1.0, -1.0)  # half a period on: the other foot's turn

@@ -1,43 +1,26 @@
-"""What a robot needs to run an exported policy: each observation as a transform of one raw reading, the
-actuators' targets and gains, and the command, described from a task's bound components (ksim.policy_spec).
-
-An observation this module does not know (a user's own class, or a subclass that may observe differently)
-becomes a simulator input that the runtime's caller supplies as is, so nothing is guessed.
+"""What a robot needs to run an exported policy, gathered from a task's bound components (ksim.policy_spec):
+each observation as a transform of one raw reading (the observation's own `robot_input`), the actuators' targets
+and gains, and the command. An observation class that does not say what a robot reads for it is refused in one
+line, never guessed.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import mujoco
 import numpy as np
 
 from ksim import observations as obs
-from ksim.actuators import Actuators, PositionActuators, PositionServoActuators, TorqueActuators, actuator_labels
+from ksim.actuators import Actuators
+from ksim.binding import inherited_past
 from ksim.commands import Command, VelocityCommand
 from ksim.config import ConfigError
-from ksim.engine import ModelLayout, actuator_force_ranges
+from ksim.engine import ModelLayout
 from ksim.policy_spec import (
-    BASE_ANGULAR_VELOCITY,
-    BASE_HEIGHT,
-    BASE_LINEAR_VELOCITY,
-    BASE_LINEAR_VELOCITY_WORLD,
-    BASE_ORIENTATION,
-    COMMAND,
-    FIXED_SIZES,
-    FOOT_CONTACTS,
-    GAIT_PHASE,
     INPUT_PREFIX,
-    JOINT_POSITIONS,
-    JOINT_VELOCITIES,
-    LAST_ACTION,
-    PROJECTED_GRAVITY,
-    ROBOT,
-    RUNTIME,
-    SENSOR_PREFIX,
-    SIMULATOR,
     ActuationSpec,
     PolicyInput,
 )
@@ -62,82 +45,21 @@ class RobotSide:
 def encoder_joints(observations: Sequence[obs.Observation], layout: ModelLayout) -> tuple[int, ...]:
     """The joints whose encoders the policy reads (hinges and slides observed by joint observations), in model
     order: the order of the joint_positions and joint_velocities readings."""
-    observed = {
-        j
-        for o in observations
-        if type(o) in (obs.JointPosition, obs.JointVelocity)
-        for j in o.joint_ids  # type: ignore[attr-defined]
-    }
+    observed = {j for o in observations if isinstance(o, obs.JointPosition | obs.JointVelocity) for j in o.joint_ids}
     return tuple(sorted(j for j in observed if len(layout.joint_qpos[j]) == 1))
 
 
-def _joint_input(
-    o: obs.JointPosition | obs.JointVelocity, size: int, layout: ModelLayout, joints: tuple[int, ...]
-) -> PolicyInput:
-    if any(j not in joints for j in o.joint_ids):  # a ball or free joint: no encoder reads it
-        return simulator_input(o, size)
-    indices = [joints.index(j) for j in o.joint_ids]
-    if isinstance(o, obs.JointPosition):
-        offset = [float(v) for v in np.asarray(o.origin, np.float32)]
-        return PolicyInput(o.name, size, JOINT_POSITIONS, len(joints), ROBOT, indices=indices, offset=offset)
-    return PolicyInput(o.name, size, JOINT_VELOCITIES, len(joints), ROBOT, indices=indices, scale=o.scale, clip=o.clip)
-
-
-def simulator_input(o: obs.Observation, size: int) -> PolicyInput:
-    """An input the runtime cannot compute from a robot's readings: the caller gives its values as is."""
-    return PolicyInput(o.name, size, INPUT_PREFIX + o.name, size, SIMULATOR)
-
-
-def _plain(reading: str, source: str = ROBOT) -> Callable[[obs.Observation, int], PolicyInput]:
-    """An input that is its reading as is."""
-    return lambda o, size: PolicyInput(o.name, size, reading, FIXED_SIZES.get(reading, size), source)
-
-
-def _base_angular_velocity(o: obs.Observation, size: int) -> PolicyInput:
-    assert isinstance(o, obs.BaseAngularVelocity)
-    return PolicyInput(o.name, size, BASE_ANGULAR_VELOCITY, 3, ROBOT, scale=o.scale, clip=o.clip)
-
-
-def _command(o: obs.Observation, size: int) -> PolicyInput:
-    assert isinstance(o, obs.Command)
-    return PolicyInput(o.name, size, COMMAND, size, ROBOT, scale=o.scale)
-
-
-def _base_linear_velocity(o: obs.Observation, size: int) -> PolicyInput:
-    assert isinstance(o, obs.BaseLinearVelocity)
-    reading = BASE_LINEAR_VELOCITY_WORLD if o.world else BASE_LINEAR_VELOCITY
-    return PolicyInput(o.name, size, reading, 3, SIMULATOR, scale=o.scale, clip=o.clip)
-
-
-def _sensor(o: obs.Observation, size: int) -> PolicyInput:
-    assert isinstance(o, obs.Sensor)
-    return PolicyInput(o.name, size, SENSOR_PREFIX + o.sensor, size, ROBOT, scale=o.scale)
-
-
-def _gait_phase(o: obs.Observation, size: int) -> PolicyInput:
-    assert isinstance(o, obs.GaitPhase)
-    return PolicyInput(o.name, size, source=RUNTIME, transform=GAIT_PHASE, period_s=o.period_s)
-
-
-def _projected_gravity(o: obs.Observation, size: int) -> PolicyInput:
-    assert isinstance(o, obs.ProjectedGravity)
-    reading = BASE_ORIENTATION if o.sensor is None else SENSOR_PREFIX + o.sensor
-    return PolicyInput(o.name, size, reading, 4, ROBOT, transform=PROJECTED_GRAVITY)
-
-
-# Per observation class (exactly that class: a subclass may observe otherwise), its description from one reading.
-DESCRIBE: dict[type, Callable[[obs.Observation, int], PolicyInput]] = {
-    obs.ProjectedGravity: _projected_gravity,
-    obs.BaseOrientation: _plain(BASE_ORIENTATION),
-    obs.BaseAngularVelocity: _base_angular_velocity,
-    obs.BaseLinearVelocity: _base_linear_velocity,
-    obs.BaseHeight: _plain(BASE_HEIGHT, SIMULATOR),
-    obs.Sensor: _sensor,
-    obs.FeetContact: _plain(FOOT_CONTACTS),
-    obs.Command: _command,
-    obs.LastAction: lambda o, size: PolicyInput(o.name, size, source=RUNTIME, transform=LAST_ACTION),
-    obs.GaitPhase: _gait_phase,
-}
+def robot_input(observation: obs.Observation, size: int, robot: obs.RobotContext) -> PolicyInput:
+    """The observation's robot-side form; ConfigError where its class redefines observe() below the class whose
+    robot_input() it inherits (that form may not compute this observation)."""
+    stale = inherited_past(observation, "robot_input", "observe")
+    if stale is not None:
+        cls = type(observation).__name__
+        raise ConfigError(
+            f"mode='export': {cls} redefines observe() but inherits robot_input() from {stale.__name__}: define "
+            f"{cls}.robot_input(size, robot), or set robot_input = ksim.observations.simulator_only"
+        )
+    return observation.robot_input(size, robot)
 
 
 def describe_inputs(
@@ -146,60 +68,29 @@ def describe_inputs(
     """(each observation as a robot computes it, under its name in the observation layout; the encoder joints'
     names; the FeetContact observation that the foot_contacts reading feeds, if any)."""
     joints = encoder_joints(observations, layout)
-    contacts = [o for o in observations if type(o) is obs.FeetContact]
+    robot = obs.RobotContext(layout, joints)
+    contacts = [o for o in observations if isinstance(o, obs.FeetContact)]
     if any(o.feet != contacts[0].feet for o in contacts):
         raise ConfigError("mode='export': the FeetContact observations name different feet; one foot_contacts reading")
     described = []
     for o, (name, size) in zip(observations, names_and_sizes, strict=True):
-        if type(o) in (obs.JointPosition, obs.JointVelocity):
-            item = _joint_input(o, size, layout, joints)  # type: ignore[arg-type]
-        else:
-            item = DESCRIBE.get(type(o), simulator_input)(o, size)
+        item = robot_input(o, size, robot)
         reading = INPUT_PREFIX + name if item.reading.startswith(INPUT_PREFIX) else item.reading
         described.append(dataclasses.replace(item, name=name, reading=reading))
     return tuple(described), layout.names(joints), contacts[0] if contacts else None
 
 
 def describe_actuation(mj_model: mujoco.MjModel, actuators: Actuators) -> ActuationSpec:
-    """How the task's actuators turn an action into MuJoCo's ctrl (and a robot's targets or torques)."""
-    joints = [
-        (mujoco.mj_id2name(mj_model, mujoco.mjtObj.mjOBJ_JOINT, int(j)) or "")
-        if mj_model.actuator_trntype[i] == mujoco.mjtTrn.mjTRN_JOINT
-        else ""
-        for i, j in enumerate(mj_model.actuator_trnid[:, 0])
-    ]
-    if not isinstance(actuators, PositionActuators | PositionServoActuators | TorqueActuators):
-        raise ConfigError(f"mode='export' cannot describe {type(actuators).__name__} for a robot (ksim.robot_side)")
-    gear = mj_model.actuator_gear[:, 0].astype(np.float32)
-    spec = ActuationSpec(
-        "torque",
-        actuator_labels(mj_model),
-        joints,
-        float(actuators.action_scale),
-        _floats(gear),
-        _limits(actuators.ctrl_low),
-        _limits(actuators.ctrl_high),
-    )
-    if isinstance(actuators, PositionActuators):
-        return _with_gains(spec, "pd", actuators.default_qpos, actuators.kp, actuators.kd)
-    if isinstance(actuators, PositionServoActuators):  # the servos' gains and force limits live in the model
-        default = actuators.default_ctrl / actuators.gear
-        servo = _with_gains(spec, "servo", default, mj_model.actuator_gainprm[:, 0], -mj_model.actuator_biasprm[:, 2])
-        low, high = servo_force_limits(mj_model)
-        return dataclasses.replace(servo, force_low=low, force_high=high)
-    return spec
-
-
-def servo_force_limits(mj_model: mujoco.MjModel) -> tuple[list[float] | None, list[float] | None]:
-    """The actuators' force ranges as (low, high): float32 extremes where one is not limited; None where none is."""
-    if not mj_model.actuator_forcelimited.any():
-        return None, None
-    ranges = actuator_force_ranges(mj_model)
-    return _limits(ranges[:, 0]), _limits(ranges[:, 1])
-
-
-def _with_gains(spec: ActuationSpec, kind: str, default: np.ndarray, kp: np.ndarray, kd: np.ndarray) -> ActuationSpec:
-    return dataclasses.replace(spec, kind=kind, default_position=_floats(default), kp=_floats(kp), kd=_floats(kd))
+    """How the task's actuators turn an action into MuJoCo's ctrl (and a robot's targets or torques); ConfigError
+    where their class redefines ctrl() below the class whose robot_actuation() it inherits."""
+    stale = inherited_past(actuators, "robot_actuation", "ctrl")
+    if stale is not None:
+        cls = type(actuators).__name__
+        raise ConfigError(
+            f"mode='export': {cls} redefines ctrl() but inherits robot_actuation() from {stale.__name__}: define "
+            f"{cls}.robot_actuation(mj_model)"
+        )
+    return actuators.robot_actuation(mj_model)
 
 
 def describe_robot(
@@ -237,16 +128,6 @@ def describe_command(command: Command | None) -> dict[str, object] | None:
         fields = {f.name: getattr(command, f.name) for f in dataclasses.fields(command)}
         return {"kind": "velocity", "size": command.size, **{k: _jsonable(v) for k, v in fields.items()}}
     return {"kind": type(command).__name__, "size": type(command).size}
-
-
-def _floats(values: np.ndarray) -> list[float]:
-    return [float(v) for v in np.asarray(values, np.float64)]
-
-
-def _limits(values: np.ndarray) -> list[float]:
-    """Bounds for JSON, which has no infinity: an unbounded side becomes float32's extreme (the same clip)."""
-    unlimited = float(np.finfo(np.float32).max)
-    return _floats(np.clip(np.asarray(values, np.float64), -unlimited, unlimited))
 
 
 def _jsonable(value: object) -> object:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import sys
+import types
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, ClassVar
@@ -202,6 +204,8 @@ class TargetAtFirst(obs.Observation):
     def observe(self, ctx: StepContext) -> jax.Array:
         return jnp.where(ctx.data.time < 1.5 * ctx.ctrl_dt, ctx.command[:1], 0.0)
 
+    robot_input = obs.simulator_only  # the caller supplies it (docs/policies.md's snippet reads it as a sensor)
+
 
 @dataclasses.dataclass(frozen=True)
 class MatchTarget(rew.Reward):
@@ -299,3 +303,15 @@ class NoJax(importlib.abc.MetaPathFinder):
             raise ImportError(f"{name} is not installed on this robot")
 sys.meta_path.insert(0, NoJax())
 """
+
+
+def docs_observation() -> type:
+    """docs/tasks.md's worked observation (the code block between its markers), run as written there."""
+    text = (Path(__file__).resolve().parents[1] / "docs" / "tasks.md").read_text()
+    begin, end = "<!-- clipped_gyro.py begin -->\n```python\n", "```\n<!-- clipped_gyro.py end -->"
+    assert text.count(begin) == 1 and text.count(end) == 1, "docs/tasks.md's markers must appear once each"
+    module = sys.modules.setdefault("docs_tasks_example", types.ModuleType("docs_tasks_example"))
+    if not hasattr(module, "ClippedGyro"):  # once per process: one class, as an imported module's would be
+        code = compile(text.split(begin)[1].split(end)[0], "docs/tasks.md", "exec", dont_inherit=True)
+        exec(code, module.__dict__)
+    return module.ClippedGyro

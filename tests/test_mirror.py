@@ -2,6 +2,7 @@
 its observations, the symmetry loss is what it says, and what has no mirror image is refused in one line."""
 
 import dataclasses
+from dataclasses import dataclass
 from typing import Any, cast
 
 import jax
@@ -9,12 +10,13 @@ import jax.numpy as jnp
 import mujoco
 import numpy as np
 import pytest
+from helpers import docs_observation
 
 from examples.kbot import DEFAULT_CONFIG, KBotTask
 from ksim import observations as obs
 from ksim.config import ConfigError
 from ksim.engine import ModelLayout
-from ksim.mirror import Mirror, RobotGeometry, policy_mirror
+from ksim.mirror import Mirror, MirrorContext, RobotGeometry, policy_mirror
 from ksim.networks import ActorCritic
 from ksim.task.ppo import PPOConfig
 from ksim.task.ppo_update import PPOBatch, ppo_loss
@@ -134,3 +136,39 @@ def test_what_has_no_mirror_image_is_refused_in_one_line() -> None:
         KBotTask(dataclasses.replace(DEFAULT_CONFIG, **TINY, recurrent_size=8))
     with pytest.raises(ConfigError, match=r"symmetry_coef=-1\.0 must be"):
         KBotTask(dataclasses.replace(DEFAULT_CONFIG, **{**TINY, "symmetry_coef": -1.0}))
+
+
+def test_a_users_observation_without_its_own_mirror_is_told_what_to_define() -> None:
+    @dataclass(frozen=True)
+    class HipGap(obs.Observation):
+        def observe(self, ctx: Any) -> Any:
+            return ctx.joint_pos[:1] - ctx.joint_pos[1:]
+
+    @dataclass(frozen=True)
+    class DoubledJoints(obs.JointPosition):  # observes otherwise than the JointPosition whose mirror it inherits
+        def observe(self, ctx: Any) -> Any:
+            return 2.0 * super().observe(ctx)
+
+    legs = LEGS.format(right_y=-0.1)
+    with pytest.raises(ConfigError) as undefined:
+        _mirror_of(legs, [HipGap()])
+    assert str(undefined.value) == (
+        "symmetry_coef > 0: observation HipGap has no mirror image: define HipGap.mirror(context) (ksim.mirror has "
+        "the pieces)"
+    )
+    with pytest.raises(ConfigError) as stale:
+        _mirror_of(legs, [DoubledJoints()])
+    assert str(stale.value) == (
+        "symmetry_coef > 0: DoubledJoints redefines observe() but inherits mirror() from JointPosition: define "
+        "DoubledJoints.mirror(context) (ksim.mirror)"
+    )
+
+
+def test_the_docs_gyro_observation_mirrors_as_the_gyro_sensor_does(task: KBotTask) -> None:
+    """docs/tasks.md's worked observation: its own mirror is the one ksim's Sensor gives the same gyro."""
+    layout, model = task.engine.layout, task.engine.mj_model
+    context = MirrorContext(RobotGeometry.create(model, layout), Mirror.signs(), None)
+    own = docs_observation()().bind(layout).mirror(context)
+    sensor = obs.Sensor(sensor="imu_gyro").bind(layout).mirror(context)
+    assert own.order.tolist() == sensor.order.tolist() and own.sign.tolist() == sensor.sign.tolist()
+    assert own.sign.tolist() != [1.0, 1.0, 1.0]  # some rates turn over: a mirror, not the identity

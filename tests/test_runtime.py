@@ -1,11 +1,14 @@
 """ksim.runtime: the training environment and the runtime, fed the same states, agree on every observation
-component the bundled examples use, on the action and on the actuators' control (float32 precision)."""
+class of ksim that a robot can compute (the others are declared simulator-only), on docs/tasks.md's worked
+observation, on the action and on the actuators' control (float32 precision)."""
 
 import dataclasses
 import functools
+import inspect
 import json
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -13,26 +16,50 @@ import jax
 import mujoco
 import numpy as np
 import pytest
-from helpers import BLOCK_JAX, TINY
+from helpers import BLOCK_JAX, TINY, docs_observation
 
 from examples import cartpole, hopper, kbot, quadruped, spot, walking
+from ksim import observations as obs
+from ksim.actuators import Actuators, PositionActuators, PositionServoActuators, TorqueActuators
 from ksim.config import ConfigError
+from ksim.engine import ModelLayout, load_mujoco_model
 from ksim.export import export_policy
-from ksim.modes.export import deterministic_step, robot_side, simulator_inputs_line, task_identity
+from ksim.modes.export import exported_policy, robot_side, simulator_inputs_line, task_identity
 from ksim.policy_spec import SIMULATOR, load_policy_spec
+from ksim.robot_side import describe_inputs
 from ksim.runtime import PolicyRuntime, RuntimeInputError
 from ksim.sim2sim import MujocoReader
 
 STEPS = 30
+
+
+class HopperWithOrientation(hopper.HopperTask):
+    """The hopper's actor also reads the base's orientation, which no example's does."""
+
+    def get_observations(self) -> list[obs.Observation]:
+        return [*super().get_observations(), obs.BaseOrientation()]
+
+
+class KBotWithClippedGyro(kbot.KBotTask):
+    """K-Bot's actor also reads docs/tasks.md's gyro observation."""
+
+    def get_observations(self) -> list[obs.Observation]:
+        return [*super().get_observations(), docs_observation()()]
+
+
 CASES: dict[str, tuple[type, Any, dict[str, Any]]] = {
     "cartpole": (cartpole.CartpoleTask, cartpole.DEFAULT_CONFIG, {}),
     "cartpole with history": (cartpole.CartpoleTask, cartpole.DEFAULT_CONFIG, {"observation_history": 3}),
     "cartpole with a GRU": (cartpole.CartpoleTask, cartpole.DEFAULT_CONFIG, {"recurrent_size": 8}),
-    "hopper": (hopper.HopperTask, hopper.DEFAULT_CONFIG, {}),
+    "hopper": (HopperWithOrientation, hopper.DEFAULT_CONFIG, {}),
     "quadruped": (quadruped.QuadrupedTask, quadruped.DEFAULT_CONFIG, {}),
     "spot": (spot.SpotTask, spot.DEFAULT_CONFIG, {}),
     "humanoid, sim-to-real preset": (walking.WalkingTask, walking.GPU_CONFIG, {}),
-    "K-Bot (gravity from the IMU's quaternion)": (kbot.KBotTask, kbot.DEFAULT_CONFIG, {}),
+    "K-Bot (gravity from the IMU's quaternion, docs/tasks.md's clipped gyro)": (
+        KBotWithClippedGyro,
+        kbot.DEFAULT_CONFIG,
+        {},
+    ),
 }
 
 
@@ -83,7 +110,7 @@ def test_runtime_matches_training_on_the_same_states(case: str, tmp_path: Path) 
     recorded = drive(task, shared)
     onnx_path = tmp_path / "policy.onnx"
     export_policy(
-        deterministic_step(task, shared),
+        exported_policy(task, shared),
         task.checkpoints.metadata,
         "",
         onnx_path,
@@ -114,28 +141,65 @@ def test_runtime_matches_training_on_the_same_states(case: str, tmp_path: Path) 
             np.testing.assert_allclose(out.torque(q, qd), gear * recorded["ctrl"][t], rtol=1e-5, atol=1e-3)
 
 
-def test_every_observation_component_of_the_examples_is_covered() -> None:
-    """The cases above read every observation class the bundled examples' actors use."""
-    used = {type(o).__name__ for case in CASES for o in build(case).environment.components.observations}
-    assert used >= {
-        "JointPosition",
-        "JointVelocity",
-        "ProjectedGravity",
-        "BaseHeight",
-        "BaseLinearVelocity",
-        "BaseAngularVelocity",
-        "Sensor",
-        "FeetContact",
-        "LastAction",
-        "Command",
-        "GaitPhase",
-    }
+def observation_classes() -> list[type[obs.Observation]]:
+    """Every observation class ksim defines (ksim.observations), abstract and private ones left out."""
+    found, queue = [], list(obs.Observation.__subclasses__())
+    while queue:
+        cls = queue.pop()
+        queue.extend(cls.__subclasses__())
+        if cls.__module__ == obs.__name__ and not cls.__name__.startswith("_") and not inspect.isabstract(cls):
+            found.append(cls)
+    return sorted(set(found), key=lambda cls: cls.__name__)
+
+
+def test_every_observation_class_is_checked_on_a_robot_or_declared_simulator_only() -> None:
+    """Each class of ksim.observations either says only a simulator knows it, or is read by a case above, whose
+    test proves its robot-side form equal to its training form on the same states."""
+    used = {type(o) for case in CASES for o in build(case).environment.components.observations}
+    classes = observation_classes()
+    assert {obs.JointPosition, obs.Sensor, obs.HeightScan} <= set(classes)  # the enumeration sees them
+    unchecked = [cls.__name__ for cls in classes if cls.robot_input is not obs.simulator_only and cls not in used]
+    assert unchecked == []
+
+
+def test_every_actuator_class_is_checked_on_a_robot() -> None:
+    """Each actuator class of ksim.actuators drives a case above, whose test proves the robot's control equal to
+    training's on the same states."""
+    used = {type(build(case).environment.components.actuators) for case in CASES}
+    classes = {cls for cls in Actuators.__subclasses__() if not inspect.isabstract(cls)}
+    assert {TorqueActuators, PositionActuators, PositionServoActuators} <= classes
+    assert sorted(cls.__name__ for cls in classes - used) == []
+
+
+def test_an_observation_that_does_not_say_what_a_robot_reads_is_refused_at_export() -> None:
+    @dataclass(frozen=True)
+    class TorsoHeight(obs.Observation):
+        def observe(self, ctx: Any) -> Any:
+            return ctx.base_pos[2:]
+
+    @dataclass(frozen=True)
+    class HalfGyro(obs.Sensor):  # observes otherwise than the Sensor whose robot form it inherits
+        def observe(self, ctx: Any) -> Any:
+            return 0.5 * super().observe(ctx)
+
+    layout = ModelLayout.create(load_mujoco_model("kbot/kbot.xml"))
+    with pytest.raises(ConfigError) as undefined:
+        describe_inputs([TorsoHeight()], [("TorsoHeight", 1)], layout)
+    assert str(undefined.value) == (
+        "mode='export': TorsoHeight does not say what a robot reads for it: define TorsoHeight.robot_input(size, "
+        "robot) (ksim.policy_spec's readings and transforms), or set robot_input = ksim.observations.simulator_only"
+    )
+    gyro = HalfGyro(sensor="imu_gyro").bind(layout)
+    with pytest.raises(
+        ConfigError, match=r"^mode='export': HalfGyro redefines observe\(\) but inherits robot_input\(\) "
+    ):
+        describe_inputs([gyro], [(gyro.name, 3)], layout)
 
 
 def test_policy_json_says_which_inputs_only_a_simulator_knows(tmp_path: Path) -> None:
     task = build("hopper")
     export_policy(
-        deterministic_step(task, shared_state(task)),
+        exported_policy(task, shared_state(task)),
         task.checkpoints.metadata,
         "",
         tmp_path / "policy.onnx",
@@ -152,7 +216,7 @@ def cartpole_policy(tmp_path_factory: pytest.TempPathFactory) -> Path:
     task = build("cartpole")
     onnx_path = tmp_path_factory.mktemp("cartpole") / "policy.onnx"
     export_policy(
-        deterministic_step(task, shared_state(task)),
+        exported_policy(task, shared_state(task)),
         task.checkpoints.metadata,
         "",
         onnx_path,

@@ -7,7 +7,6 @@ Every physics test runs once per physics implementation the engine offers (`PHYS
 
 import dataclasses
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any, NamedTuple
 
 import jax
@@ -15,6 +14,7 @@ import jax.numpy as jnp
 import mujoco
 import numpy as np
 import pytest
+from helpers import docs_observation
 
 from ksim import mjx_contract
 from ksim import observations as obs
@@ -341,17 +341,10 @@ def test_a_component_used_unbound_says_so(moving: Moving) -> None:
 
 
 def test_the_documented_custom_component_binds_and_observes(moving: Moving) -> None:
-    """docs/tasks.md's example component, run as written."""
-    text = (Path(__file__).resolve().parents[1] / "docs" / "tasks.md").read_text()
-    snippet = text.split("```python\n", 1)[1].split("```", 1)[0]
-    names: dict[str, Any] = {}
-    preamble = (
-        "from dataclasses import dataclass\nfrom typing import Self\nimport jax\nfrom ksim import observations as obs\n"
-        "from ksim.binding import resolved, with_resolved\nfrom ksim.engine import ModelLayout, Point, StepContext\n"
-    )
-    exec(preamble + snippet, names)
-    ctx = moving.ctx
-    knee = names["KneeHeight"](knee="fr_lleg").bind(ctx.layout)
-    np.testing.assert_allclose(knee.observe(ctx), [moving.reference.body("fr_lleg").xpos[2]], atol=1e-5)
-    with pytest.raises(ConfigError, match=r"KneeHeight\.knee: no site, geom or body named 'knee'"):
-        names["KneeHeight"]().bind(ctx.layout)
+    """docs/tasks.md's worked observation, run as written, on Spot's gyro."""
+    ctx, reference = moving.ctx, moving.reference
+    gyro = docs_observation()(sensor="gyro", limit=0.05).bind(ctx.layout)
+    want = np.clip(reference.sensor("gyro").data, -0.05, 0.05)
+    np.testing.assert_allclose(gyro.observe(ctx), want, atol=1e-4, rtol=1e-3)
+    with pytest.raises(ConfigError, match=r"^ClippedGyro\.sensor: no sensor named 'imu_gyro'"):
+        docs_observation()().bind(ctx.layout)
