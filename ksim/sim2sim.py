@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -100,21 +100,9 @@ class MujocoReader:
             if name.startswith(SENSOR_PREFIX):
                 sensor = model.sensor(name.removeprefix(SENSOR_PREFIX))
                 self.sensors[name] = (int(sensor.adr[0]), int(sensor.dim[0]))
-        unsupplied = [r for r in self.readings if r not in self.suppliable and r not in self.sensors]
+        unsupplied = [r for r in self.readings if r not in SOURCES and r not in self.sensors]
         if unsupplied:
             raise ConfigError(f"ksim.sim2sim cannot supply the policy's readings {', '.join(unsupplied)}")
-
-    suppliable = (
-        JOINT_POSITIONS,
-        JOINT_VELOCITIES,
-        BASE_ORIENTATION,
-        BASE_ANGULAR_VELOCITY,
-        FOOT_CONTACTS,
-        COMMAND,
-        BASE_LINEAR_VELOCITY,
-        BASE_LINEAR_VELOCITY_WORLD,
-        BASE_HEIGHT,
-    )
 
     def sources(self) -> str:
         """One line: where the IMU readings come from and which readings only the simulator supplies."""
@@ -128,36 +116,25 @@ class MujocoReader:
         return "; ".join(parts) or "every reading from the joint state and named sensors"
 
     def read(self, model: mujoco.MjModel, data: mujoco.MjData, command: np.ndarray) -> dict[str, np.ndarray]:
-        values: dict[str, np.ndarray] = {}
-        wanted = self.readings
-        if JOINT_POSITIONS in wanted:
-            values[JOINT_POSITIONS] = data.qpos[self.qpos_index]
-        if JOINT_VELOCITIES in wanted:
-            values[JOINT_VELOCITIES] = data.qvel[self.qvel_index]
-        if BASE_ORIENTATION in wanted:
-            adr = self.quat_adr
-            values[BASE_ORIENTATION] = data.xquat[self.base] if adr is None else data.sensordata[adr : adr + 4]
-        velocity = np.zeros(6)
-        if {BASE_ANGULAR_VELOCITY, BASE_LINEAR_VELOCITY} & wanted.keys():
-            mujoco.mj_objectVelocity(model, data, mujoco.mjtObj.mjOBJ_XBODY, self.base, velocity, 1)
-        if BASE_ANGULAR_VELOCITY in wanted:
-            adr = self.gyro_adr
-            values[BASE_ANGULAR_VELOCITY] = velocity[:3] if adr is None else data.sensordata[adr : adr + 3]
-        if BASE_LINEAR_VELOCITY in wanted:
-            values[BASE_LINEAR_VELOCITY] = velocity[3:].copy()
-        if BASE_LINEAR_VELOCITY_WORLD in wanted:
-            world = np.zeros(6)
-            mujoco.mj_objectVelocity(model, data, mujoco.mjtObj.mjOBJ_XBODY, self.base, world, 0)
-            values[BASE_LINEAR_VELOCITY_WORLD] = world[3:]
-        if BASE_HEIGHT in wanted:
-            values[BASE_HEIGHT] = data.xpos[self.base, 2:3]
-        if FOOT_CONTACTS in wanted:
-            values[FOOT_CONTACTS] = self.foot_contacts(data)
-        if COMMAND in wanted:
-            values[COMMAND] = command
+        """Every reading the policy needs, from its source in SOURCES or its named sensor."""
+        values = {name: source(self, model, data, command) for name, source in SOURCES.items() if name in self.readings}
         for name, (adr, dim) in self.sensors.items():
             values[name] = data.sensordata[adr : adr + dim]
         return {name: np.array(value, np.float32) for name, value in values.items()}
+
+    def base_velocity(self, model: mujoco.MjModel, data: mujoco.MjData, local: bool) -> np.ndarray:
+        """The base's (angular, linear) velocity, in its own frame where `local`, else the world's."""
+        velocity = np.zeros(6)
+        mujoco.mj_objectVelocity(model, data, mujoco.mjtObj.mjOBJ_XBODY, self.base, velocity, int(local))
+        return velocity
+
+    def orientation(self, data: mujoco.MjData) -> np.ndarray:
+        adr = self.quat_adr
+        return data.xquat[self.base] if adr is None else data.sensordata[adr : adr + 4]
+
+    def gyro(self, model: mujoco.MjModel, data: mujoco.MjData) -> np.ndarray:
+        adr = self.gyro_adr
+        return self.base_velocity(model, data, True)[:3] if adr is None else data.sensordata[adr : adr + 3]
 
     def foot_contacts(self, data: mujoco.MjData) -> np.ndarray:
         """Per foot, 1 when one of its geoms touches (distance <= 0) a geom outside the robot."""
@@ -167,6 +144,22 @@ class MujocoReader:
         return np.array(
             [np.any(touching & ((foot[g1] & outside2) | (foot[g2] & outside1))) for foot in self.feet], np.float32
         )
+
+
+Source = Callable[[MujocoReader, mujoco.MjModel, mujoco.MjData, np.ndarray], np.ndarray]
+
+# Where plain MuJoCo gives each of ksim.policy_spec's readings ("sensor:<name>" readings are the named sensors).
+SOURCES: dict[str, Source] = {
+    JOINT_POSITIONS: lambda reader, model, data, command: data.qpos[reader.qpos_index],
+    JOINT_VELOCITIES: lambda reader, model, data, command: data.qvel[reader.qvel_index],
+    BASE_ORIENTATION: lambda reader, model, data, command: reader.orientation(data),
+    BASE_ANGULAR_VELOCITY: lambda reader, model, data, command: reader.gyro(model, data),
+    BASE_LINEAR_VELOCITY: lambda reader, model, data, command: reader.base_velocity(model, data, True)[3:],
+    BASE_LINEAR_VELOCITY_WORLD: lambda reader, model, data, command: reader.base_velocity(model, data, False)[3:],
+    BASE_HEIGHT: lambda reader, model, data, command: data.xpos[reader.base, 2:3],
+    FOOT_CONTACTS: lambda reader, model, data, command: reader.foot_contacts(data),
+    COMMAND: lambda reader, model, data, command: command,
+}
 
 
 class CommandSampler:
