@@ -127,9 +127,9 @@ def gymnasium_returns(task: GymnasiumTask, shared: Any, episodes: int, seed: int
     clip_actions, as the ClipAction wrapper would)."""
     import gymnasium
 
-    from ksim.modes.export import deterministic_step
+    from ksim.modes.export import exported_policy
 
-    policy = jax.jit(deterministic_step(task, shared))
+    policy = jax.jit(exported_policy(task, shared))
     env = gymnasium.make(task.gymnasium_id)
     space = env.action_space
     assert isinstance(space, gymnasium.spaces.Box)

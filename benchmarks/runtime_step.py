@@ -19,7 +19,7 @@ import mujoco
 import numpy as np
 
 from ksim.export import export_policy
-from ksim.modes.export import deterministic_step, robot_side, task_identity
+from ksim.modes.export import exported_policy, robot_side, task_identity
 from ksim.runtime import PolicyRuntime
 from ksim.sim2sim import MujocoReader
 
@@ -57,7 +57,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as folder:
         policy = Path(folder) / "policy.onnx"
         export_policy(
-            deterministic_step(task, shared),  # type: ignore[arg-type]
+            exported_policy(task, shared),  # type: ignore[arg-type]
             task.checkpoints.metadata,  # type: ignore[attr-defined]
             "",
             policy,

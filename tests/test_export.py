@@ -18,7 +18,7 @@ from examples.cartpole import CartpoleTask
 from ksim.config import ConfigError
 from ksim.export import load_policy_spec
 from ksim.modes import check as check_mode
-from ksim.modes.export import deterministic_step
+from ksim.modes.export import exported_policy
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -45,7 +45,7 @@ def recorded_observations(exported: tuple) -> np.ndarray:
 
 
 def jax_actions(task: CartpoleTask, contents: dict, observations: np.ndarray) -> np.ndarray:
-    (actions,) = deterministic_step(task, contents["shared"])(jnp.asarray(observations))
+    (actions,) = exported_policy(task, contents["shared"])(jnp.asarray(observations))
     return np.asarray(actions)
 
 

@@ -19,7 +19,7 @@ from helpers import (
 )
 
 from examples.cartpole import CartpoleTask
-from ksim.modes.export import deterministic_step
+from ksim.modes.export import exported_policy
 from ksim.modes.view import view_shared
 from ksim.task.checkpointing import checkpoint_contents, save_run_checkpoint
 from ksim.viewer_sim import ViewerSim
@@ -106,9 +106,9 @@ def test_a_two_device_checkpoint_drives_the_viewer_with_the_trained_policy(tmp_p
     initial = view_shared(trained_task)  # no checkpoint: the policy the run started from
     for _ in range(3):
         report = sim.step(deterministic=True)
-        (action,) = deterministic_step(trained_task, trained)(report.obs[None])
+        (action,) = exported_policy(trained_task, trained)(report.obs[None])
         np.testing.assert_allclose(report.action, np.asarray(action)[0], rtol=1e-5, atol=1e-6)
-    (untrained,) = deterministic_step(trained_task, initial)(report.obs[None])
+    (untrained,) = exported_policy(trained_task, initial)(report.obs[None])
     assert not np.allclose(report.action, np.asarray(untrained)[0], rtol=0, atol=1e-6)
 
 

@@ -28,7 +28,7 @@ def check(config: RLConfig) -> None:
         raise ConfigError("mode='export' needs export_path=<file>.onnx")
 
 
-def deterministic_step(task: RLTask[Any], shared: SharedState) -> Callable[..., tuple[Array, ...]]:
+def exported_policy(task: RLTask[Any], shared: SharedState) -> Callable[..., tuple[Array, ...]]:
     """The exported policy: (observations, *memory) -> (actions, *next memory), a batch of robots, acting with
     `shared`'s deployed parameters (the moving average where one is kept).
 
@@ -101,7 +101,7 @@ def run(task: RLTask[Any]) -> Path:
     shared = jax.device_get(task.checkpoints.load(checkpoint)["shared"])
     doc = (type(task.actuators).__doc__ or "").strip().splitlines()
     onnx_path, json_path = export_policy(
-        deterministic_step(task, shared),
+        exported_policy(task, shared),
         task.checkpoints.metadata,
         doc[0] if doc else "",
         task.config.export_path,
