@@ -11,8 +11,8 @@ from ksim.xla_setup import (
     quiet_cached_program_loads,
 )
 
-# Before jaxlib loads (it reads the C++ log level once), and before any JAX backend exists: see README,
-# "Supported JAX versions" and "Known issue: forced CPU devices".
+# Before jaxlib loads (it reads the C++ log level once), and before any JAX backend exists: see
+# docs/mjx.md (the JAX versions) and docs/multi-device.md ("Known issue: forced CPU devices").
 quiet_cached_program_loads()
 cap_cpu_isa_at_avx2()
 keep_small_dots_off_ynnpack()

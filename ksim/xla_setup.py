@@ -77,7 +77,7 @@ def keep_small_dots_off_ynnpack(jaxlib_version: str | None = None) -> None:
 
     From jaxlib 0.10.1 XLA:CPU hands batched dots and transposes to YNNPACK, whose packing and scheduling cost
     more than the work for MJX's tiny per-env matrices (6x6 in the hopper's solver loop): about a third of
-    the CPU time went there (README, "Supported JAX versions"). Without them XLA emits those ops itself, as
+    the CPU time went there (docs/mjx.md, the JAX versions). Without them XLA emits those ops itself, as
     jaxlib 0.10.0 and 0.9.2 did.
     """
     if jaxlib_version_tuple(jaxlib_version) < (0, 10, 1):
