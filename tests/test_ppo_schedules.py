@@ -21,6 +21,7 @@ from ksim.task.ppo_update import (
     gaussian_kl,
     identity,
     ppo_epochs,
+    scaled_clip_eps,
     scaled_desired_kl,
 )
 from ksim.task.rl import Metrics
@@ -254,6 +255,15 @@ def test_the_kl_target_grows_with_the_square_root_of_the_envs() -> None:
     assert scaled_desired_kl(0.02, 64, 256) == pytest.approx(0.01)
 
 
+def test_the_clip_widens_with_the_square_root_of_the_kl_target() -> None:
+    assert scaled_clip_eps(0.2, 2048, 0) == 0.2
+    assert scaled_clip_eps(0.2, 256, 256) == 0.2
+    assert scaled_clip_eps(0.2, 4096, 256) == pytest.approx(0.4)  # 16x the envs: 4x the KL target
+    for envs in (512, 1024, 2048):  # the log-ratio spread sqrt(2 KL) grows as the clip does
+        kl_growth = scaled_desired_kl(0.02, envs, 256) / 0.02
+        assert scaled_clip_eps(0.2, envs, 256) / 0.2 == pytest.approx(kl_growth**0.5)
+
+
 @pytest.mark.parametrize("num_devices", [1, 2, 4])
 @pytest.mark.parametrize("num_envs", [8, 16, 32])
 def test_the_learner_follows_the_global_env_count_on_any_device_count(num_envs: int, num_devices: int) -> None:
@@ -268,11 +278,13 @@ def test_the_learner_follows_the_global_env_count_on_any_device_count(num_envs: 
     task = DistributedCartpoleTask(config)  # builds and checks; nothing compiles
     assert task.num_minibatches == num_envs // 4
     assert task.desired_kl == pytest.approx(0.01 * (num_envs / 8) ** 0.5)
+    assert task.clip_eps == pytest.approx(0.2 * (num_envs / 8) ** 0.25)
     line = task.learner_line()
     if num_envs == 8:
         assert line == ""
     else:
         assert line == (
             f"learner: {num_envs} envs, {num_envs // 8}x the reference_num_envs=8: {num_envs // 4} minibatches of 4 "
-            f"envs, desired_kl {task.desired_kl:.3g} (0.01 x sqrt {num_envs // 8})"
+            f"envs, desired_kl {task.desired_kl:.3g} (0.01 x sqrt {num_envs // 8}), clip_eps {task.clip_eps:.3g} "
+            f"(0.2 x {num_envs // 8}^(1/4))"
         )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ from ksim.task.ppo_update import (
     adapt_learning_rate,
     compute_gae,
     ppo_epochs,
+    scaled_clip_eps,
     scaled_desired_kl,
 )
 from ksim.task.rl import Metrics, RLConfig, RLTask, SharedState
@@ -49,9 +51,9 @@ class PPOConfig(RLConfig):
     reference_num_envs: int = xax.field(
         0,
         help="The num_envs the learner's settings were tuned at (0: num_envs itself). At another num_envs the "
-        "minibatches stay batch_size envs each (so their count follows num_envs) and the adaptive schedules' "
-        "desired_kl is scaled by sqrt(num_envs / reference_num_envs): a user who adds devices and envs changes "
-        "num_envs alone (docs/training.md, 'Adding envs').",
+        "minibatches stay batch_size envs each (so their count follows num_envs) and, under the adaptive "
+        "schedules, desired_kl is scaled by sqrt(num_envs / reference_num_envs) and clip_eps by its square root: "
+        "a user who adds devices and envs changes num_envs alone (docs/training.md, 'Adding envs').",
     )
     min_learning_rate: float = xax.field(1e-5, help="learning_rate_schedule=adaptive(_annealed): the lowest rate.")
     max_learning_rate: float = xax.field(1e-2, help="learning_rate_schedule=adaptive(_annealed): the highest rate.")
@@ -259,6 +261,14 @@ class PPOTask(RLTask[PPOConfigT]):
         config = self.config
         return scaled_desired_kl(config.desired_kl, config.num_envs, config.reference_num_envs)
 
+    @property
+    def clip_eps(self) -> float:
+        """The ratio clip at this num_envs: under the adaptive schedules it widens with their KL target."""
+        config = self.config
+        if not self.adapts_learning_rate:
+            return config.clip_eps
+        return scaled_clip_eps(config.clip_eps, config.num_envs, config.reference_num_envs)
+
     def learner_line(self) -> str:
         """One line on how the update follows num_envs ("" where it is where the settings were tuned)."""
         config = self.config
@@ -266,7 +276,8 @@ class PPOTask(RLTask[PPOConfigT]):
             return ""
         factor = config.num_envs / config.reference_num_envs
         kl = (
-            f", desired_kl {self.desired_kl:.3g} ({config.desired_kl:g} x sqrt {factor:g})"
+            f", desired_kl {self.desired_kl:.3g} ({config.desired_kl:g} x sqrt {factor:g}), clip_eps "
+            f"{self.clip_eps:.3g} ({config.clip_eps:g} x {factor:g}^(1/4))"
             if self.adapts_learning_rate
             else ""
         )
@@ -435,7 +446,7 @@ class PPOTask(RLTask[PPOConfigT]):
         params, opt_state, metrics = ppo_epochs(
             self.model,
             self.optimizer,
-            self.config,
+            dataclasses.replace(self.config, clip_eps=self.clip_eps),
             shared.params,
             shared.opt_state,
             batch,
