@@ -182,8 +182,8 @@ CPU_CONFIG = WalkingConfig(
     save_every_n_steps=200,
 )
 # Sized for one GPU, with every sim-to-real component on (`sim2real=false`: the CPU preset's task): the CPU
-# preset's learner at 16x its envs, scaled by the learner's rule (64 minibatches of 32 envs, a KL target 4x as
-# large), over a third of its train steps.
+# preset's learner at 16x its envs, scaled by the learner's rule (64 minibatches of 32 envs, a KL target 4x and a
+# clip 2x as large), over a third of its train steps.
 GPU_CONFIG = replace(
     CPU_CONFIG,
     preset="gpu",

@@ -72,6 +72,18 @@ def undefined(method: F) -> F:
     return method
 
 
+def require_own(component: object, method: str, behaviour: str, setting: str, definition: str) -> None:
+    """ConfigError (naming `setting` and what to define, `definition`) where `component`'s class redefines
+    `behaviour` below the class whose `method` it inherits: that method was written for the other behaviour."""
+    stale = inherited_past(component, method, behaviour)
+    if stale is not None:
+        cls = type(component).__name__
+        raise ConfigError(
+            f"{setting}: {cls} redefines {behaviour}() but inherits {method}() from {stale.__name__}: define "
+            f"{cls}.{definition}"
+        )
+
+
 def inherited_past(component: object, method: str, behaviour: str) -> type | None:
     """The class `component` inherits `method` from where a class below that one redefines `behaviour` (so
     `method`, written for the other behaviour, may not describe this component), else None; None too where

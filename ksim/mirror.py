@@ -22,7 +22,7 @@ import jax
 import mujoco
 import numpy as np
 
-from ksim.binding import inherited_past
+from ksim.binding import require_own
 from ksim.commands import Command
 from ksim.config import ConfigError
 from ksim.engine import ModelLayout
@@ -192,12 +192,7 @@ class Mirrored(Protocol):
 def observation_mirror(observation: Mirrored, context: MirrorContext) -> Mirror:
     """The mirror of one observation's values; ConfigError where it has none, or where its class redefines
     observe() below the class whose mirror() it inherits (that mirror may not be this observation's)."""
-    stale = inherited_past(observation, "mirror", "observe")
-    if stale is not None:
-        raise ConfigError(
-            f"symmetry_coef > 0: {type(observation).__name__} redefines observe() but inherits mirror() from "
-            f"{stale.__name__}: define {type(observation).__name__}.mirror(context) (ksim.mirror)"
-        )
+    require_own(observation, "mirror", "observe", "symmetry_coef > 0", "mirror(context) (ksim.mirror)")
     return observation.mirror(context)
 
 

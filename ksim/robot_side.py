@@ -15,7 +15,7 @@ import numpy as np
 
 from ksim import observations as obs
 from ksim.actuators import Actuators
-from ksim.binding import inherited_past
+from ksim.binding import require_own
 from ksim.commands import Command, VelocityCommand
 from ksim.config import ConfigError
 from ksim.engine import ModelLayout
@@ -52,13 +52,8 @@ def encoder_joints(observations: Sequence[obs.Observation], layout: ModelLayout)
 def robot_input(observation: obs.Observation, size: int, robot: obs.RobotContext) -> PolicyInput:
     """The observation's robot-side form; ConfigError where its class redefines observe() below the class whose
     robot_input() it inherits (that form may not compute this observation)."""
-    stale = inherited_past(observation, "robot_input", "observe")
-    if stale is not None:
-        cls = type(observation).__name__
-        raise ConfigError(
-            f"mode='export': {cls} redefines observe() but inherits robot_input() from {stale.__name__}: define "
-            f"{cls}.robot_input(size, robot), or set robot_input = ksim.observations.simulator_only"
-        )
+    simulator_only = "robot_input(size, robot), or set robot_input = ksim.observations.simulator_only"
+    require_own(observation, "robot_input", "observe", "mode='export'", simulator_only)
     return observation.robot_input(size, robot)
 
 
@@ -83,13 +78,7 @@ def describe_inputs(
 def describe_actuation(mj_model: mujoco.MjModel, actuators: Actuators) -> ActuationSpec:
     """How the task's actuators turn an action into MuJoCo's ctrl (and a robot's targets or torques); ConfigError
     where their class redefines ctrl() below the class whose robot_actuation() it inherits."""
-    stale = inherited_past(actuators, "robot_actuation", "ctrl")
-    if stale is not None:
-        cls = type(actuators).__name__
-        raise ConfigError(
-            f"mode='export': {cls} redefines ctrl() but inherits robot_actuation() from {stale.__name__}: define "
-            f"{cls}.robot_actuation(mj_model)"
-        )
+    require_own(actuators, "robot_actuation", "ctrl", "mode='export'", "robot_actuation(mj_model)")
     return actuators.robot_actuation(mj_model)
 
 
