@@ -18,7 +18,7 @@ import jax
 import mujoco
 import numpy as np
 
-from ksim.export import export_policy
+from ksim.deploy.onnx import export_policy
 from ksim.modes.export import exported_policy, robot_side, task_identity
 from ksim.runtime import PolicyRuntime
 from ksim.sim2sim import MujocoReader

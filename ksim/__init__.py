@@ -1,7 +1,7 @@
 """ksim: RL tasks on MuJoCo MJX, trained with PPO on one device or on all of them.
 
 Importing the package imports nothing of JAX (nor mujoco.mjx, which imports JAX), so a robot's runtime without
-JAX can import ksim's JAX-free modules; the modules that use MJX import it through ksim.mjx_import.
+JAX can import ksim's JAX-free modules; the modules that use MJX import it through ksim.physics.mjx_import.
 """
 
 from ksim.xla_setup import (

@@ -26,11 +26,10 @@ import jax.numpy as jnp
 import mujoco
 import numpy as np
 
-from ksim import mjx_contract
 from ksim.actuators import MOTOR, POSITION_SERVO, actuator_kind
 from ksim.config import ConfigError
 from ksim.engine import ModelLayout, PhysicsEngine, load_mujoco_model
-from ksim.physics import create_engine
+from ksim.physics import create_engine, mjx_contract
 
 # Settings above these cost MJX time at every physics step (MJX's documentation, "Performance tuning"):
 # every env of a batch runs as many solver and line-search iterations as the slowest env needs.

@@ -2,7 +2,7 @@
 
 The ONNX file maps observation vectors to actions; this file says how a robot builds that vector from its
 raw readings (which reading feeds each input, and the offset, scale, clip or transform training applied), what
-the policy remembers between steps, and how an action becomes what the actuators need. `ksim.export` writes
+the policy remembers between steps, and how an action becomes what the actuators need. `ksim.deploy.onnx` writes
 it, `ksim.runtime` reads it on the robot.
 """
 
@@ -167,7 +167,7 @@ class PolicySpec:
 
 
 def load_policy_spec(path: str | Path) -> PolicySpec:
-    """Reads a `policy.json` written by `ksim.export`; ConfigError (one line) if it is not one, or an older one."""
+    """Reads a `policy.json` written by `ksim.deploy.onnx`; ConfigError (one line) if it is not one, or an older one."""
     try:
         data = json.loads(Path(path).read_text())
         found = data.get("format")

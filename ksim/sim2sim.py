@@ -18,7 +18,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import mujoco
 import numpy as np
@@ -40,6 +40,9 @@ from ksim.policy_spec import (
 )
 from ksim.runtime import PolicyRuntime
 
+if TYPE_CHECKING:
+    from ksim.task.replay import RecordedEpisode
+
 SOLVERS = {"newton": mujoco.mjtSolver.mjSOL_NEWTON, "cg": mujoco.mjtSolver.mjSOL_CG, "pgs": mujoco.mjtSolver.mjSOL_PGS}
 
 
@@ -54,17 +57,6 @@ class Sim2SimSettings:
     solver: str | None = None
     iterations: int | None = None
     video: str = ""
-
-
-@dataclass(frozen=True)
-class RecordedEpisode:
-    """One episode of the loop: T control steps (ksim.task.replay judges it)."""
-
-    qpos: np.ndarray  # (T + 1, nq): the start, then the state after each step
-    qvel: np.ndarray
-    action: np.ndarray  # (T, nu)
-    ctrl: np.ndarray  # (T, nu): the control of each step's last substep
-    command: np.ndarray  # (T, command size): what the policy saw when it chose the action
 
 
 def _sensor_on_base(model: mujoco.MjModel, kind: int, base: int) -> int | None:
@@ -225,6 +217,8 @@ class Sim2Sim:
     def run_episode(self, start: Start | None = None) -> RecordedEpisode:
         """One episode from `start` (qpos, qvel, first command; default: the export's start pose and a drawn
         command), `episode_steps` control steps long (judging ends it at its first termination)."""
+        from ksim.task.replay import RecordedEpisode  # the task's judge's record; no JAX runs in the loop
+
         model, data, spec, settings = self.model, self.data, self.spec, self.settings
         mujoco.mj_resetData(model, data)
         command, until_draw = self.sampler.draw(self.rng)

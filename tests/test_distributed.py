@@ -10,7 +10,7 @@ import pytest
 from helpers import DistributedCartpoleTask, cartpole_config, distributed_cartpole_config
 
 from examples.cartpole import CartpoleTask
-from ksim.distributed import (
+from ksim.task.devices import (
     put_sharded,
     shard_env_axis,
     unshard_env_axis,

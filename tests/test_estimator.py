@@ -16,11 +16,11 @@ from test_distributed import relative_error
 
 from ksim.checkpoint import save_checkpoint
 from ksim.config import ConfigError
-from ksim.distributed import put_sharded, shard_env_axis
-from ksim.networks import ActorCritic
-from ksim.task.checkpointing import checkpoint_contents
+from ksim.learner.networks import ActorCritic
+from ksim.learner.ppo_update import PPOBatch, ppo_minibatch_update
+from ksim.task.devices import put_sharded, shard_env_axis
 from ksim.task.ppo import critic_entries
-from ksim.task.ppo_update import PPOBatch, ppo_minibatch_update
+from ksim.task.run_checkpoints import checkpoint_contents
 from ksim.task.types import TrainState
 
 LOSS = SimpleNamespace(

@@ -16,7 +16,7 @@ from helpers import BLOCK_JAX, cartpole_config
 
 from examples.cartpole import CartpoleTask
 from ksim.config import ConfigError
-from ksim.export import load_policy_spec
+from ksim.deploy.onnx import load_policy_spec
 from ksim.modes import check as check_mode
 from ksim.modes.export import exported_policy
 

@@ -28,8 +28,9 @@ from ksim import observations as obs  # noqa: E402
 from ksim import terminations as term  # noqa: E402
 from ksim.config import ConfigError, preset_from_command_line  # noqa: E402
 from ksim.engine import ModelLayout  # noqa: E402
+from ksim.learner.memory import PolicyState  # noqa: E402
 from ksim.task.env import Environment  # noqa: E402
-from ksim.task.types import Episode, PolicyOutput, PolicyState, Transition  # noqa: E402
+from ksim.task.types import Episode, PolicyOutput, Transition  # noqa: E402
 
 Array = jax.Array
 STEPS = 25

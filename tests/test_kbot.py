@@ -21,7 +21,7 @@ from ksim.engine import ASSETS_DIR, ModelLayout, load_mujoco_model
 from ksim.modes import evaluate, export, train
 from ksim.policy_spec import load_policy_spec
 from ksim.reporting import SCALARS_FILE
-from ksim.viewer_sim import ViewerSim
+from ksim.viewer.sim import ViewerSim
 
 ROOT = Path(__file__).resolve().parents[1]
 METADATA = ASSETS_DIR / "kbot" / "metadata.json"

@@ -20,10 +20,10 @@ from test_distributed import relative_error
 
 from ksim.checkpoint import save_checkpoint
 from ksim.config import ConfigError
-from ksim.distributed import put_sharded, shard_env_axis
-from ksim.export import load_policy_spec
-from ksim.task.checkpointing import checkpoint_contents
-from ksim.task.ppo_update import PPOBatch, ppo_loss, ppo_minibatch_update
+from ksim.deploy.onnx import load_policy_spec
+from ksim.learner.ppo_update import PPOBatch, ppo_loss, ppo_minibatch_update
+from ksim.task.devices import put_sharded, shard_env_axis
+from ksim.task.run_checkpoints import checkpoint_contents
 from ksim.task.types import SharedState, Trajectory
 
 ROOT = Path(__file__).resolve().parents[1]

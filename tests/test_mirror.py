@@ -16,10 +16,10 @@ from examples.kbot import DEFAULT_CONFIG, KBotTask
 from ksim import observations as obs
 from ksim.config import ConfigError
 from ksim.engine import ModelLayout
+from ksim.learner.networks import ActorCritic
+from ksim.learner.ppo_update import PPOBatch, ppo_loss
 from ksim.mirror import Mirror, MirrorContext, RobotGeometry, policy_mirror
-from ksim.networks import ActorCritic
 from ksim.task.ppo import PPOConfig
-from ksim.task.ppo_update import PPOBatch, ppo_loss
 
 TINY: dict[str, Any] = {"num_envs": 8, "batch_size": 4, "rollout_length_frames": 8, "symmetry_coef": 0.5}
 

@@ -14,10 +14,9 @@ import numpy as np
 import pytest
 from mujoco import mjx
 
-from ksim import mjx_contract
 from ksim.config import ConfigError
 from ksim.engine import PhysicsEngine
-from ksim.physics import create_engine
+from ksim.physics import create_engine, mjx_contract
 
 MODEL = """
 <mujoco>

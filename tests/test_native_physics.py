@@ -20,7 +20,7 @@ from ksim.config import ConfigError
 from ksim.engine import load_mujoco_model
 from ksim.physics import create_engine, native_ffi
 from ksim.physics.native import STATE, NativeData, NativeEngine, reads_state
-from ksim.task.checkpointing import physics_impl_note
+from ksim.task.run_checkpoints import physics_impl_note
 
 MASS_SCALES = np.array([0.7, 1.4])
 FFI_REASON = native_ffi.load()

@@ -8,7 +8,7 @@ import pytest
 from helpers import cartpole_config
 
 from examples.cartpole import CartpoleTask
-from ksim.networks import ACTIVATIONS
+from ksim.learner.networks import ACTIVATIONS
 
 NUMPY_ACTIVATIONS = {
     "tanh": np.tanh,

@@ -9,9 +9,9 @@ import pytest
 from helpers import DistributedBallTask, distributed_ball_config
 from mujoco import mjx
 
-from ksim import mjx_contract
 from ksim import rewards as rew
 from ksim.config import ConfigError
+from ksim.physics import mjx_contract
 
 needs_warp = pytest.mark.skipif(
     not mjx_contract.warp_installed(), reason="warp-lang is not installed (pip install 'ksim[warp]')"

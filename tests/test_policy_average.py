@@ -15,7 +15,7 @@ from test_distributed import relative_error
 from ksim.checkpoint import save_checkpoint
 from ksim.config import ConfigError
 from ksim.modes.view import view_shared
-from ksim.task.checkpointing import checkpoint_contents
+from ksim.task.run_checkpoints import checkpoint_contents
 from ksim.task.types import SharedState, TrainState
 
 DECAY = 0.8

@@ -7,10 +7,10 @@ import numpy as np
 import optax
 import pytest
 
-from ksim.networks import ActorCritic, RecurrentActorCritic, gaussian_entropy, gaussian_log_prob
-from ksim.task.memory import episode_starts, unroll
+from ksim.learner.memory import episode_starts, unroll
+from ksim.learner.networks import ActorCritic, RecurrentActorCritic, gaussian_entropy, gaussian_log_prob
+from ksim.learner.ppo_update import PPOBatch, compute_gae, ppo_loss, ppo_minibatch_update
 from ksim.task.ppo import PPOConfig
-from ksim.task.ppo_update import PPOBatch, compute_gae, ppo_loss, ppo_minibatch_update
 
 
 def numpy_gae(reward, value, next_value, terminated, truncated, gamma, lam):

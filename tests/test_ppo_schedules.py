@@ -14,8 +14,8 @@ from helpers import DistributedCartpoleTask, cartpole_config, distributed_cartpo
 from examples.cartpole import CartpoleTask
 from ksim.checkpoint import with_unset_fields
 from ksim.config import ConfigError
-from ksim.normalization import Normalizer, scale_by_return_std
-from ksim.task.ppo_update import (
+from ksim.learner.normalization import Normalizer, scale_by_return_std
+from ksim.learner.ppo_update import (
     UpdateHooks,
     adapt_learning_rate,
     gaussian_kl,

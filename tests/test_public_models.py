@@ -24,11 +24,10 @@ from mujoco import mjx
 gymnasium = pytest.importorskip("gymnasium")
 
 from ksim import inspect as ksim_inspect  # noqa: E402
-from ksim import mjx_contract  # noqa: E402
 from ksim import observations as obs  # noqa: E402
 from ksim.config import ConfigError  # noqa: E402
 from ksim.engine import Contacts, ModelLayout, StepContext  # noqa: E402
-from ksim.physics import create_engine  # noqa: E402
+from ksim.physics import create_engine, mjx_contract  # noqa: E402
 from ksim.physics.mjx_jax import physics_step  # noqa: E402
 
 ASSETS = Path(gymnasium.__file__).parent / "envs" / "mujoco" / "assets"

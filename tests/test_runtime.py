@@ -22,11 +22,11 @@ from examples import cartpole, hopper, kbot, quadruped, spot, walking
 from ksim import observations as obs
 from ksim.actuators import Actuators, PositionActuators, PositionServoActuators, TorqueActuators
 from ksim.config import ConfigError
+from ksim.deploy.onnx import export_policy
+from ksim.deploy.robot_side import describe_inputs
 from ksim.engine import ModelLayout, load_mujoco_model
-from ksim.export import export_policy
 from ksim.modes.export import exported_policy, robot_side, simulator_inputs_line, task_identity
 from ksim.policy_spec import SIMULATOR, load_policy_spec
-from ksim.robot_side import describe_inputs
 from ksim.runtime import PolicyRuntime, RuntimeInputError
 from ksim.sim2sim import MujocoReader
 

@@ -16,13 +16,12 @@ import numpy as np
 import pytest
 from helpers import docs_observation
 
-from ksim import mjx_contract
 from ksim import observations as obs
 from ksim import rewards as rew
 from ksim import terminations as term
 from ksim.config import ConfigError
 from ksim.engine import ModelLayout, PhysicsEngine, StepContext, load_mujoco_model
-from ksim.physics import create_engine
+from ksim.physics import create_engine, mjx_contract
 
 PHYSICS_IMPLS = ["jax", "mujoco", "warp"]  # warp: with warp-lang installed (`make test-warp`), else skipped
 FEET = ("FL", "FR", "HL", "HR")

@@ -11,8 +11,8 @@ import pytest
 
 from ksim.actuators import JointGains, PositionActuators, PositionServoActuators, as_position_servos
 from ksim.config import ConfigError
+from ksim.deploy.robot_side import describe_actuation
 from ksim.physics import create_engine
-from ksim.robot_side import describe_actuation
 from ksim.runtime import ActuatorArrays, ActuatorCommand
 
 # A planar two-legged robot on position servos, its keyframe a crouch (knees bent) that action 0 must hold.

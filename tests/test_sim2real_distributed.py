@@ -7,7 +7,7 @@ import pytest
 from helpers import DistributedBallTask, distributed_ball_config
 from test_distributed import relative_error
 
-from ksim.distributed import unshard_env_axis
+from ksim.task.devices import unshard_env_axis
 from ksim.task.rl import EnvState, TrainState
 
 DEVICE_COUNTS = (1, 2, 4)

@@ -12,7 +12,7 @@ import pytest
 from helpers import DistributedCartpoleTask, cartpole_config, distributed_cartpole_config
 
 from examples.cartpole import CartpoleTask
-from ksim.distributed import unshard_env_axis
+from ksim.task.devices import unshard_env_axis
 
 ROOT = Path(__file__).resolve().parents[1]
 # Episodes of 3 steps in rollouts of 8: every env ends twice or more per rollout, so the pool refills mid-rollout.

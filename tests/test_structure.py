@@ -20,7 +20,9 @@ def ksim_imports(path: Path, modules: set[str]) -> set[str]:
             imported |= {alias.name for alias in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             # `from ksim import engine` imports the module ksim.engine; `from ksim.engine import X` ksim.engine.
-            imported |= {f"{node.module}.{alias.name}" for alias in node.names} | {node.module}
+            submodules = {f"{node.module}.{alias.name}" for alias in node.names} & modules
+            names_only = len(submodules) < len(node.names)
+            imported |= submodules | ({node.module} if names_only else set())
     return {name for name in imported if name in modules}
 
 
@@ -71,22 +73,24 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     (
         "base and robot side",
         (
-            "ksim.errors", "ksim.config", "ksim.xla_setup", "ksim.quiet_imports", "ksim.reporting",
-            "ksim.normalization", "ksim.networks", "ksim.distributed", "ksim.checkpoint", "ksim.geom_mesh",
-            "ksim.wandb_logging", "ksim.render", "ksim.plot", "ksim.policy_spec", "ksim.runtime", "ksim.assets",
+            "ksim.errors", "ksim.config", "ksim.xla_setup", "ksim.reporting", "ksim.wandb_logging", "ksim.plot",
+            "ksim.checkpoint", "ksim.geom_mesh", "ksim.render", "ksim.policy_spec", "ksim.runtime",
+            "ksim.assets",
         ),
     ),
-    ("physics", ("ksim.engine", "ksim.mjx_import", "ksim.mjx_contract", "ksim.physics")),
+    ("physics", ("ksim.engine", "ksim.physics")),
     (
         "components",
         (
             "ksim.binding", "ksim.stateful", "ksim.terrain", "ksim.observations", "ksim.rewards",
             "ksim.terminations", "ksim.resets", "ksim.actuators", "ksim.randomization", "ksim.commands",
-            "ksim.events", "ksim.mirror", "ksim.viewer_settings", "ksim.robot_side", "ksim.export",
+            "ksim.events", "ksim.mirror", "ksim.viewer_settings",
         ),
     ),
-    ("env, learner and tasks", ("ksim.task",)),
-    ("viewer", ("ksim.viewer", "ksim.viewer_sim")),
+    ("deployment", ("ksim.deploy",)),
+    ("learner", ("ksim.learner",)),
+    ("env and tasks", ("ksim.task",)),
+    ("viewer", ("ksim.viewer",)),
     ("modes", ("ksim.modes", "ksim.sim2sim")),
     ("tools", ("ksim.tools", "ksim.inspect")),
 ]  # fmt: skip

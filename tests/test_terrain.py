@@ -17,8 +17,8 @@ from examples.quadruped import DEFAULT_CONFIG, FEET, QuadrupedTask
 from ksim import observations as obs
 from ksim.commands import Command, VelocityCommand
 from ksim.config import ConfigError
-from ksim.mjx_contract import collision_pairs
 from ksim.physics import create_engine
+from ksim.physics.mjx_contract import collision_pairs
 from ksim.task.rl import TrainState
 from ksim.terrain import Terrain, TerrainCells, TerrainCurriculum, TerrainGrid, free_base_position
 

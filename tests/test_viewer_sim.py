@@ -1,4 +1,4 @@
-"""The viewer's simulation (ksim.viewer_sim) without a browser: held commands, pushes, resets, and refusals."""
+"""The viewer's simulation (ksim.viewer.sim) without a browser: held commands, pushes, resets, and refusals."""
 
 from __future__ import annotations
 
@@ -21,8 +21,8 @@ from helpers import (
 from examples.cartpole import CartpoleTask
 from ksim.modes.export import exported_policy
 from ksim.modes.view import view_shared
-from ksim.task.checkpointing import checkpoint_contents, save_run_checkpoint
-from ksim.viewer_sim import ViewerSim
+from ksim.task.run_checkpoints import checkpoint_contents, save_run_checkpoint
+from ksim.viewer.sim import ViewerSim
 
 
 @pytest.fixture(scope="module")

@@ -11,12 +11,13 @@ import jax.numpy as jnp
 from omegaconf import OmegaConf
 
 from ksim.config import ConfigError
-from ksim.export import export_policy
+from ksim.deploy.onnx import export_policy
+from ksim.deploy.robot_side import RobotSide, describe_robot
+from ksim.learner.memory import PolicyState
 from ksim.policy_spec import SIMULATOR
-from ksim.robot_side import RobotSide, describe_robot
 from ksim.task.reference import class_reference
 from ksim.task.rl import RLTask
-from ksim.task.types import PolicyState, RLConfig, SharedState
+from ksim.task.types import RLConfig, SharedState
 
 Array = jax.Array
 
@@ -33,7 +34,7 @@ def exported_policy(task: RLTask[Any], shared: SharedState) -> Callable[..., tup
     `shared`'s deployed parameters (the moving average where one is kept).
 
     The memory inputs are the actor's GRU state (recurrent_size > 0) and the past observation frames
-    (observation_history > 1); the ONNX file takes and returns them in that order (ksim.export).
+    (observation_history > 1); the ONNX file takes and returns them in that order (ksim.deploy.onnx).
     """
     memory = task.memory_settings()
     recurrent, history = memory["recurrent_size"] > 0, memory["observation_history"] > 1
@@ -56,7 +57,7 @@ def exported_policy(task: RLTask[Any], shared: SharedState) -> Callable[..., tup
 
 
 def robot_side(task: RLTask[Any]) -> RobotSide:
-    """The task's policy inputs as a robot computes them, its actuation, command and model (ksim.robot_side)."""
+    """The task's policy inputs as a robot computes them, its actuation, command and model (ksim.deploy.robot_side)."""
     environment = task.environment
     parts, engine = environment.components, environment.engine
     return describe_robot(

@@ -6,14 +6,14 @@ from typing import TYPE_CHECKING, Any
 
 import jax
 
-from ksim.task.checkpointing import action_layout
 from ksim.task.rl import RLTask
+from ksim.task.run_checkpoints import action_layout
 from ksim.task.types import RLConfig, SharedState
+from ksim.viewer.sim import ViewerSim
 from ksim.viewer_settings import ViewSettings, check_view_port, command_ranges
-from ksim.viewer_sim import ViewerSim
 
 if TYPE_CHECKING:  # viser is the viewer extra's: train, eval and export run without it
-    from ksim.viewer import Viewer
+    from ksim.viewer.server import Viewer
 
 
 def check(config: RLConfig) -> None:
@@ -37,7 +37,7 @@ def view_settings(task: RLTask[Any]) -> ViewSettings:
 
 def make_viewer(task: RLTask[Any]) -> Viewer:
     """The viewer of the task's policy, its first step compiled; serving from here on."""
-    from ksim.viewer import Viewer
+    from ksim.viewer.server import Viewer
 
     terrain = task.terrain_use
     sim = ViewerSim(task.environment, view_shared(task), task.config.seed, terrain.eval_level, terrain.eval_column)

@@ -57,7 +57,7 @@ def create_engine(
     if physics_impl == "mujoco":
         return create_native(mj_model, ctrl_dt, dt, layout, pose)
     # MJX is imported here, not above: it takes half a second that a native run does not need.
-    from ksim import mjx_contract
+    from ksim.physics import mjx_contract
     from ksim.physics.mjx_jax import MjxJaxEngine
     from ksim.physics.mjx_warp import MjxWarpEngine
 

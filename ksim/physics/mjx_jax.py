@@ -10,9 +10,9 @@ import jax.numpy as jnp
 import mujoco
 import numpy as np
 
-from ksim import mjx_contract
 from ksim.engine import Contacts, PhysicsEngine
-from ksim.mjx_import import mjx
+from ksim.physics import mjx_contract
+from ksim.physics.mjx_import import mjx
 
 Array = jax.Array
 

@@ -10,9 +10,9 @@ from typing import Any
 
 import jax
 
-from ksim import mjx_contract
 from ksim.engine import Contacts, PhysicsEngine
-from ksim.mjx_import import mjx
+from ksim.physics import mjx_contract
+from ksim.physics.mjx_import import mjx
 
 Array = jax.Array
 

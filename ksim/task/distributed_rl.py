@@ -17,7 +17,8 @@ import numpy as np
 import xax
 
 from ksim.config import ConfigError, require_choice, require_divisible, require_non_negative
-from ksim.distributed import (
+from ksim.task import processes
+from ksim.task.devices import (
     LeafDivergence,
     find_divergences,
     get_device_info,
@@ -29,7 +30,6 @@ from ksim.distributed import (
     split_keys_per_device,
     unreplicate,
 )
-from ksim.task import processes
 from ksim.task.processes import ManyProcesses, StopVote, Timeouts, check_timeouts
 from ksim.task.programs import AheadOfTimeProgram
 from ksim.task.rl import Program, RLConfig, RLTask, TrainState

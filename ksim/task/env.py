@@ -23,6 +23,7 @@ from ksim.binding import bind_all
 from ksim.commands import Command, advance_command, check_command_users, start_command
 from ksim.engine import ModelLayout, PhysicsEngine, StepContext
 from ksim.events import Event, run_events, start_event_timers
+from ksim.learner.memory import PolicyState
 from ksim.observations import Observation, add_noise, check_noise, noise_scales
 from ksim.randomization import (
     Randomization,
@@ -35,7 +36,7 @@ from ksim.reporting import unique_names
 from ksim.resets import Reset
 from ksim.rewards import Reward
 from ksim.stateful import Stateful
-from ksim.task.types import Episode, PolicyOutput, PolicyState, Trajectory, Transition
+from ksim.task.types import Episode, PolicyOutput, Trajectory, Transition
 from ksim.terminations import Termination, physics_diverged
 from ksim.terrain import Terrain, TerrainCells, free_base_position
 

@@ -21,9 +21,9 @@ from typing import Any, Protocol
 import jax
 
 from ksim.reporting import MetricsLogger, window_scalars
-from ksim.task.checkpointing import RunCheckpoints, numbered_checkpoint
 from ksim.task.evaluation import EvalResult, summary_scalars
 from ksim.task.programs import AheadOfTimeProgram, Programs
+from ksim.task.run_checkpoints import RunCheckpoints, numbered_checkpoint
 from ksim.task.types import RLConfig, SharedState, TrainState
 
 

@@ -15,10 +15,9 @@ import optax
 import xax
 
 from ksim.config import ConfigError, require_choice, require_non_negative, require_positive
-from ksim.mirror import PolicyMirror, policy_mirror
-from ksim.networks import ACTIVATIONS, ACTOR, CRITIC, ActorCritic, RecurrentActorCritic, gaussian_log_prob
-from ksim.task.memory import PolicyMemory, episode_starts, unroll
-from ksim.task.ppo_update import (
+from ksim.learner.memory import PolicyMemory, PolicyState, episode_starts, unroll
+from ksim.learner.networks import ACTIVATIONS, ACTOR, CRITIC, ActorCritic, RecurrentActorCritic, gaussian_log_prob
+from ksim.learner.ppo_update import (
     PPOBatch,
     UpdateHooks,
     adapt_learning_rate,
@@ -27,8 +26,9 @@ from ksim.task.ppo_update import (
     scaled_clip_eps,
     scaled_desired_kl,
 )
+from ksim.mirror import PolicyMirror, policy_mirror
 from ksim.task.rl import Metrics, RLConfig, RLTask, SharedState
-from ksim.task.types import PolicyOutput, PolicyState, Trajectory
+from ksim.task.types import PolicyOutput, Trajectory
 
 Array = jax.Array
 

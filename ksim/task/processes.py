@@ -24,7 +24,7 @@ import numpy as np
 from jax._src import distributed as jax_distributed
 
 from ksim.config import ConfigError
-from ksim.distributed import device_axis_sharding, unreplicate
+from ksim.task.devices import device_axis_sharding, unreplicate
 from ksim.task.loop import ProcessHooks
 
 Array = jax.Array

@@ -10,7 +10,8 @@ sensors sees those of `mj_forward` at the recorded state.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from dataclasses import dataclass
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -22,23 +23,15 @@ from ksim.task.evaluation import EvalResult, StepMeasures, mean_drift, step_meas
 Array = jax.Array
 
 
-class RecordedEpisode(Protocol):
-    """One episode of a loop outside JAX, T control steps (ksim.sim2sim.RecordedEpisode)."""
+@dataclass(frozen=True)
+class RecordedEpisode:
+    """One episode of a loop outside JAX (ksim.sim2sim's), T control steps."""
 
-    @property
-    def qpos(self) -> np.ndarray: ...  # (T + 1, nq): the start, then the state after each step
-
-    @property
-    def qvel(self) -> np.ndarray: ...  # (T + 1, nv)
-
-    @property
-    def action(self) -> np.ndarray: ...  # (T, nu): the policy's action at each step
-
-    @property
-    def ctrl(self) -> np.ndarray: ...  # (T, nu): the control of each step's last substep
-
-    @property
-    def command(self) -> np.ndarray: ...  # (T, command size): the command the policy saw when it chose the action
+    qpos: np.ndarray  # (T + 1, nq): the start, then the state after each step
+    qvel: np.ndarray  # (T + 1, nv)
+    action: np.ndarray  # (T, nu): the policy's action at each step
+    ctrl: np.ndarray  # (T, nu): the control of each step's last substep
+    command: np.ndarray  # (T, command size): the command the policy saw when it chose the action
 
 
 def draw_starts(environment: Environment, seed: int, count: int) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:

@@ -4,7 +4,7 @@ A subclass gives the `get_*` hooks, `act` and `update_shard`; `RLTask` binds the
 `Environment`, its pool of envs and the evaluator, and turns the pure per-shard functions (rollout, update,
 train step) into programs with `compile`: `jax.jit` here, `jax.pmap` in `DistributedRLTask`, which also fills
 in the cross-device hooks (`cross_device_mean`, ...). What runs a task (train, eval, export, view) is in
-`ksim.modes`; checkpoint files in `ksim.task.checkpointing`; terrain use in `ksim.task.terrain_use`.
+`ksim.modes`; checkpoint files in `ksim.task.run_checkpoints`; terrain use in `ksim.task.terrain_use`.
 """
 
 from __future__ import annotations
@@ -29,18 +29,18 @@ from ksim.commands import Command
 from ksim.config import ConfigError, require_choice, require_divisible, require_non_negative, require_positive
 from ksim.engine import PhysicsEngine, substeps_divide
 from ksim.events import Event
-from ksim.normalization import fold_batch, scale_by_return_std
+from ksim.learner.normalization import fold_batch, scale_by_return_std
 from ksim.observations import Observation
 from ksim.physics import PHYSICS_IMPLS, create_engine
 from ksim.randomization import Randomization
 from ksim.resets import Reset
 from ksim.rewards import Reward
-from ksim.task.checkpointing import RunCheckpoints, task_metadata
 from ksim.task.env import Environment, EnvSettings, bind_components
 from ksim.task.env_pool import EnvPool, reduce_rollout_metrics
 from ksim.task.evaluation import EvalResult, Evaluator
 from ksim.task.loop import ProcessHooks
 from ksim.task.programs import AheadOfTimeProgram, Program, Programs
+from ksim.task.run_checkpoints import RunCheckpoints, task_metadata
 from ksim.task.terrain_use import compile_with_terrain, terrain_use
 from ksim.task.types import (
     EnvState,
@@ -196,7 +196,7 @@ class RLTask(ABC, Generic[ConfigT]):
 
     @abstractmethod
     def initial_policy_state(self) -> PolicyState:
-        """One env's policy state at the start of every episode (ksim.task.memory)."""
+        """One env's policy state at the start of every episode (ksim.learner.memory)."""
 
     @abstractmethod
     def act(
@@ -216,7 +216,7 @@ class RLTask(ABC, Generic[ConfigT]):
         """The learning update from one shard's rollout (the RL algorithm); metrics reduced over shards."""
 
     def memory_settings(self) -> dict[str, Any]:
-        """What shapes the policy's network beyond its layers: its memory (ksim.task.memory: observation_history,
+        """What shapes the policy's network beyond its layers: its memory (ksim.learner.memory: observation_history,
         recurrent_size), what it estimates (estimated_observations) and its activation; a checkpoint must match them."""
         return dict(MEMORYLESS)
 

@@ -17,7 +17,8 @@ import optax
 import xax
 from flax import struct
 
-from ksim.normalization import Normalizer
+from ksim.learner.memory import PolicyState
+from ksim.learner.normalization import Normalizer
 from ksim.randomization import Randomized
 from ksim.terrain import TerrainCells
 
@@ -121,13 +122,6 @@ def episode_steps(config: RLConfig) -> int:
     if config.episode_length_steps is not None:
         return config.episode_length_steps
     return max(1, round((config.episode_length_s or 0.0) / config.ctrl_dt))
-
-
-class PolicyState(struct.PyTreeNode):
-    """One env's policy memory (ksim.task.memory): empty arrays for a memoryless policy."""
-
-    past_frames: Array  # (observation_history - 1, observation size): the frames before the current one
-    carry: Array  # (2, recurrent_size): the actor's and the critic's GRU states
 
 
 class PolicyOutput(struct.PyTreeNode):

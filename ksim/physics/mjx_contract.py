@@ -34,12 +34,12 @@ import mujoco
 import numpy as np
 
 from ksim.config import ConfigError
-from ksim.mjx_import import mjx
+from ksim.physics.mjx_import import mjx
 from ksim.xla_setup import installed_version
 
 Array = jax.Array
 
-# The MJX internals the contract relies on; loaded after ksim.mjx_import has imported MJX quietly (an import
+# The MJX internals the contract relies on; loaded after ksim.physics.mjx_import has imported MJX quietly (an import
 # statement would be sorted above it).
 _mjx_warp = importlib.import_module("mujoco.mjx.warp")
 _mjx_collision = importlib.import_module("mujoco.mjx._src.collision_driver")

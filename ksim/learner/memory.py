@@ -15,12 +15,18 @@ from dataclasses import dataclass
 
 import jax
 import jax.numpy as jnp
-
-from ksim.task.types import PolicyState
+from flax import struct
 
 Array = jax.Array
 # (params, carry, obs, critic_obs) -> (carry, action mean, action log std, value): one step of a batch of envs.
 RecurrentStep = Callable[[Array, Array, Array], tuple[Array, Array, Array, Array]]
+
+
+class PolicyState(struct.PyTreeNode):
+    """One env's policy memory: empty arrays for a memoryless policy."""
+
+    past_frames: Array  # (observation_history - 1, observation size): the frames before the current one
+    carry: Array  # (2, recurrent_size): the actor's and the critic's GRU states
 
 
 @dataclass(frozen=True)

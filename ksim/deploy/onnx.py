@@ -22,6 +22,7 @@ import mujoco
 
 from ksim.checkpoint import MEMORYLESS
 from ksim.config import ConfigError
+from ksim.deploy.robot_side import RobotSide
 from ksim.policy_spec import (
     INPUT_NAME,
     OUTPUT_NAME,
@@ -31,7 +32,6 @@ from ksim.policy_spec import (
     load_policy_spec,
     memory_inputs,
 )
-from ksim.robot_side import RobotSide
 
 __all__ = ["SPEC_FORMAT", "PolicyInput", "PolicySpec", "export_policy", "load_policy_spec", "policy_spec"]
 

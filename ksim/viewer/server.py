@@ -3,7 +3,7 @@
 Viser serves a three.js scene and a control panel over a websocket from this process, so it works from a
 headless training machine (open the printed URL, through `ssh -L PORT:localhost:PORT` from elsewhere). The
 scene is the host MuJoCo model's geoms, posed each control step from the qpos of the JAX state
-(`ksim.viewer_sim.ViewerSim`); browsers may come, go and come back while the simulation runs on.
+(`ksim.viewer.sim.ViewerSim`); browsers may come, go and come back while the simulation runs on.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ import viser
 import viser.uplot
 
 from ksim.geom_mesh import geom_mesh, geom_rgba
+from ksim.viewer.sim import StepReport, ViewerSim
 from ksim.viewer_settings import ViewSettings
-from ksim.viewer_sim import StepReport, ViewerSim
 
 PLOT_STEPS = 250  # control steps of reward history in the plot
 PANEL_UPDATE_S = 0.2  # the panel's numbers change at 5 Hz; the scene at every control step

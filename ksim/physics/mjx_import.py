@@ -1,4 +1,9 @@
-"""Imports whose only output would be about an optional package that is known to be absent."""
+"""`mujoco.mjx`, imported quietly: ksim's modules write `from ksim.physics.mjx_import import mjx`, not `mujoco.mjx`.
+
+Without warp-lang, importing `mujoco.mjx` prints two lines saying so; importing it here first drops them
+wherever ksim loads MJX first. `import ksim` itself does not import MJX (it imports JAX), so ksim's JAX-free
+modules import without JAX.
+"""
 
 from __future__ import annotations
 
@@ -19,7 +24,7 @@ def import_mjx_without_warp_noise() -> None:
     """Imports `mujoco.mjx`; without warp-lang, drops MJX's two lines saying so and passes on any other output.
 
     With warp-lang installed nothing is captured. physics_impl='warp' without it is refused with its own
-    message (ksim.mjx_contract.require_impl).
+    message (ksim.physics.mjx_contract.require_impl).
     """
     if importlib.util.find_spec("warp") is not None or "mujoco.mjx" in sys.modules:
         importlib.import_module("mujoco.mjx")
@@ -30,3 +35,10 @@ def import_mjx_without_warp_noise() -> None:
     other = [line for line in captured.getvalue().splitlines() if line not in MISSING_WARP_LINES]
     if other:
         print("\n".join(other))
+
+
+import_mjx_without_warp_noise()
+
+from mujoco import mjx  # noqa: E402  (loaded quietly just above; this only binds the name)
+
+__all__ = ["mjx"]

@@ -16,8 +16,8 @@ import jax.numpy as jnp
 import optax
 from flax import struct
 
-from ksim.networks import RecurrentActorCritic, gaussian_entropy, gaussian_log_prob
-from ksim.task.memory import unroll
+from ksim.learner.memory import unroll
+from ksim.learner.networks import RecurrentActorCritic, gaussian_entropy, gaussian_log_prob
 
 Array = jax.Array
 Metrics = dict[str, Array]
