@@ -31,6 +31,7 @@ def measure(devices: int, repeats: int) -> str:
 
     from ksim.engine import load_mujoco_model
     from ksim.physics import create_engine
+    from ksim.physics.native import FfiCalls
 
     engine = create_engine(load_mujoco_model("hopper.xml"), 0.02, 0.005, physics_impl="mujoco")
     assert jax.local_device_count() == devices
@@ -70,8 +71,9 @@ def measure(devices: int, repeats: int) -> str:
         jax.block_until_ready(one_shard(start, jax.random.PRNGKey(index)))
         alone.append(time.perf_counter() - began)
     program, shard_alone = statistics.median(whole), statistics.median(alone)
+    path = "ffi" if isinstance(engine.transport, FfiCalls) else "callback"
     return (
-        f"| {'ffi' if engine.use_ffi else 'callback'} | {devices} | {engine.nthread} | {1e3 * program:.1f} "
+        f"| {path} | {devices} | {engine.nthread} | {1e3 * program:.1f} "
         f"| {ENVS * STEPS / program:,.0f} | {1e3 * shard_alone:.1f} | {program / shard_alone:.2f} "
         f"| {statistics.median(overlap):.2f} |"
     )

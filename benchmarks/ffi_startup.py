@@ -95,6 +95,7 @@ def trainer(name: str, path: str) -> Trainer:
     import jax
 
     from benchmarks.native_vs_mjx import example, physics_program, start_data
+    from ksim.physics.native import FfiCalls
 
     task_class, config = example(name)
     overrides: dict[str, Any] = {"physics_impl": "mujoco", "compilation_cache_dir": ""}
@@ -109,7 +110,7 @@ def trainer(name: str, path: str) -> Trainer:
         os.environ.pop(OFF, None)
         if previous is not None:
             os.environ[OFF] = previous
-    assert task.engine.use_ffi == (path == "ffi"), f"the {path} path was not built"
+    assert isinstance(task.engine.transport, FfiCalls) == (path == "ffi"), f"the {path} path was not built"
     state, metrics = task.train_step(task.init_train_state())
     jax.block_until_ready(metrics)
     program = physics_program(task)

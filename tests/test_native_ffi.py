@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from ksim.physics import build_ffi, create_engine, native_ffi
-from ksim.physics.native import NativeEngine, create_native
+from ksim.physics.native import Callbacks, FfiCalls, NativeEngine, create_native
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.skipif(
@@ -73,7 +73,7 @@ def boxes_engine(cone: str = "pyramidal", memory: str = "1M") -> NativeEngine:
 
 def both(engine: NativeEngine) -> tuple[NativeEngine, NativeEngine]:
     """The engine on the callback path and on the FFI path."""
-    return dataclasses.replace(engine, use_ffi=False), dataclasses.replace(engine, use_ffi=True)
+    return dataclasses.replace(engine, transport=Callbacks()), dataclasses.replace(engine, transport=FfiCalls())
 
 
 def assert_same_bits(a: Any, b: Any) -> None:
@@ -176,7 +176,7 @@ def test_a_simulation_mujoco_refuses_comes_back_as_nan_on_both_paths() -> None:
 def test_the_ffi_calls_and_clock_are_counted() -> None:
     """One forward call for make_data, one call per substep of a PD step, one for a torque step, one for the
     contacts; the clock grows."""
-    engine = dataclasses.replace(boxes_engine(), use_ffi=True)
+    engine = dataclasses.replace(boxes_engine(), transport=FfiCalls())
     library, key = engine._ffi
     counts = [library.calls(key, kind) for kind in range(3)]
     seconds = engine.host_clock.seconds
@@ -199,9 +199,10 @@ jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
 import dataclasses
 from ksim.engine import load_mujoco_model
 from ksim.physics import create_engine
+from ksim.physics.native import Callbacks, FfiCalls
 from ksim.task.programs import CacheEvents
 engine = dataclasses.replace(create_engine(load_mujoco_model("hopper.xml"), 0.02, 0.005, physics_impl="mujoco"),
-                             use_ffi=sys.argv[2] == "ffi")
+                             transport=FfiCalls() if sys.argv[2] == "ffi" else Callbacks())
 def one(qpos):
     data = engine.make_data(qpos, jnp.zeros(engine.mj_model.nv))
     data = engine.step(data, lambda d: -d.qvel[3:])[0]
@@ -254,7 +255,7 @@ def test_a_stale_or_missing_library_is_refused_and_the_engine_falls_back(
     monkeypatch.setattr(native_ffi, "_said", set())
     model = boxes_engine()
     engine = create_native(model.mj_model, 0.02, 0.005, model.layout, model.default_qpos)
-    assert not engine.use_ffi
+    assert isinstance(engine.transport, Callbacks)
     out = capsys.readouterr().out.splitlines()
     assert out == [
         "physics_impl='mujoco' steps through Python host callbacks (no program caching): the FFI extension is not"

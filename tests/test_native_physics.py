@@ -19,7 +19,7 @@ from examples.cartpole import CartpoleTask
 from ksim.config import ConfigError
 from ksim.engine import load_mujoco_model
 from ksim.physics import create_engine, native_ffi
-from ksim.physics.native import STATE, NativeData, NativeEngine, reads_state
+from ksim.physics.native import STATE, Callbacks, FfiCalls, NativeData, NativeEngine, reads_state
 from ksim.task.run_checkpoints import physics_impl_note
 
 MASS_SCALES = np.array([0.7, 1.4])
@@ -35,7 +35,7 @@ def native_engine(mj_model: mujoco.MjModel, ctrl_dt: float, dt: float, use_ffi: 
     """The native engine of the model on one path (FFI calls or Python callbacks)."""
     engine = create_engine(mj_model, ctrl_dt, dt, physics_impl="mujoco")
     assert isinstance(engine, NativeEngine)
-    return dataclasses.replace(engine, use_ffi=use_ffi)
+    return dataclasses.replace(engine, transport=FfiCalls() if use_ffi else Callbacks())
 
 
 def starts(mj_model: mujoco.MjModel) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -254,7 +254,7 @@ def test_a_refill_computes_every_used_start_in_one_call(use_ffi: bool, monkeypat
     if not use_ffi:
         monkeypatch.setenv(native_ffi.OFF_VARIABLE, "0")
     task = CartpoleTask(cartpole_config(physics_impl="mujoco"))
-    assert isinstance(task.engine, NativeEngine) and task.engine.use_ffi == use_ffi
+    assert isinstance(task.engine, NativeEngine) and isinstance(task.engine.transport, FfiCalls) == use_ffi
     env = jax.block_until_ready(task.init_train_state().env)  # its calls are counted before the refill's
     assert not np.any(np.asarray(env.next_start_ready))
     if use_ffi:

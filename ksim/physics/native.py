@@ -6,9 +6,10 @@ and the contract's derived fields back. A batch holds no state between calls, so
 checkpoints and pmap sharding work on the pytree as with MJX, and a call's result depends on its inputs only.
 
 Where the XLA FFI extension is built (ksim/physics/ffi/native_ffi.cc, `make install`; ksim.physics.native_ffi
-loads it), the same host work runs as FFI custom calls in C++ (`use_ffi`): the programs then hold no Python
+loads it), the same host work runs as FFI custom calls in C++ (`FfiCalls`): the programs then hold no Python
 callback, so they reach JAX's persistent compilation cache, and no step crosses into Python. Both paths give the
-same bits; where the extension is missing or stale, the engine says why in one line and uses the callbacks.
+same bits; where the extension is missing or stale, the engine says why in one line and uses the callbacks
+(`Callbacks`). The engine reaches its host work only through its `transport`, one of the two.
 
 Under `jax.vmap` a callback receives every env of the call at once (`vmap_method="broadcast_all"`); under
 pmap each device's shard calls from its own thread, and takes a batch of its own from a lock-protected pool
@@ -29,6 +30,7 @@ import math
 import os
 import threading
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -240,13 +242,110 @@ def _flat(array: np.ndarray, lead: tuple[int, ...], n: int) -> np.ndarray:
     return np.asarray(array).reshape((n, *array.shape[len(lead) :]))
 
 
+class Transport(ABC):
+    """How a JAX program reaches the engine's host work: the C MuJoCo steps and contact tables of a call's envs,
+    each env's state packed in one float32 row (`NativeEngine._packed_state`) beside its randomized fields."""
+
+    @abstractmethod
+    def step(
+        self,
+        engine: NativeEngine,
+        nstep: int,
+        final: bool,
+        names: tuple[str, ...],
+        offsets: tuple[tuple[str, int, int], ...],
+        inputs: tuple[Array, ...],
+    ) -> Array:
+        """`nstep` substeps (0: the forward stages only), then the final stages if `final`: one env's packed
+        `offsets` fields."""
+
+    @abstractmethod
+    def contacts(
+        self, engine: NativeEngine, names: tuple[str, ...], shapes: tuple[Any, ...], inputs: tuple[Array, ...]
+    ) -> tuple[Array, ...]:
+        """One env's contact table, `engine.contact_rows` rows of `CONTACT_FIELDS`."""
+
+    @abstractmethod
+    def clock(self, engine: NativeEngine) -> HostClock | FfiClock:
+        """The time spent in the host work."""
+
+
+@dataclass(frozen=True)
+class Callbacks(Transport):
+    """Python host callbacks (`jax.pure_callback`) into `mujoco.batch`: works wherever MuJoCo does."""
+
+    def step(
+        self,
+        engine: NativeEngine,
+        nstep: int,
+        final: bool,
+        names: tuple[str, ...],
+        offsets: tuple[tuple[str, int, int], ...],
+        inputs: tuple[Array, ...],
+    ) -> Array:
+        host = functools.partial(engine._host, nstep, final, names, offsets)
+        result = jax.ShapeDtypeStruct((offsets[-1][2],), jnp.float32)
+        return jax.pure_callback(host, result, *inputs, vmap_method="broadcast_all")
+
+    def contacts(
+        self, engine: NativeEngine, names: tuple[str, ...], shapes: tuple[Any, ...], inputs: tuple[Array, ...]
+    ) -> tuple[Array, ...]:
+        host = functools.partial(engine._contacts_host, names)
+        return tuple(jax.pure_callback(host, shapes, *inputs, vmap_method="broadcast_all"))
+
+    def clock(self, engine: NativeEngine) -> HostClock:
+        return engine._callback_clock
+
+
+@dataclass(frozen=True)
+class FfiCalls(Transport):
+    """XLA FFI custom calls into the C++ extension (KsimNativeStep, KsimNativeContacts in native_ffi.cc): no
+    Python in a step, and programs the persistent compilation cache keeps."""
+
+    def step(
+        self,
+        engine: NativeEngine,
+        nstep: int,
+        final: bool,
+        names: tuple[str, ...],
+        offsets: tuple[tuple[str, int, int], ...],
+        inputs: tuple[Array, ...],
+    ) -> Array:
+        if any("." in name for name in names):  # MjOption's fields: not in native_ffi.cc's table of arrays
+            raise ConfigError("physics_impl='mujoco' through FFI randomizes MjModel array fields only")
+        stage = engine._final_stage if final or nstep == 0 else int(mujoco.mjtStage.mjSTAGE_NONE)
+        call = jax.ffi.ffi_call(
+            native_ffi.STEP_TARGET,
+            jax.ShapeDtypeStruct((offsets[-1][2],), jnp.float32),
+            vmap_method="broadcast_all",
+        )
+        return call(
+            *inputs,
+            model=engine._ffi[1],
+            fields=",".join(names),
+            outputs=",".join(name for name, _, _ in offsets),
+            nstep=np.int64(nstep),
+            stage=np.int64(stage),
+            nthread=np.int64(engine.nthread),
+        )
+
+    def contacts(
+        self, engine: NativeEngine, names: tuple[str, ...], shapes: tuple[Any, ...], inputs: tuple[Array, ...]
+    ) -> tuple[Array, ...]:
+        call = jax.ffi.ffi_call(native_ffi.CONTACTS_TARGET, shapes, vmap_method="broadcast_all")
+        return tuple(call(*inputs, model=engine._ffi[1], fields=",".join(names), nthread=np.int64(engine.nthread)))
+
+    def clock(self, engine: NativeEngine) -> FfiClock:
+        return FfiClock(*engine._ffi)
+
+
 @dataclass(frozen=True)
 class NativeEngine(PhysicsEngine):
     """The model in C MuJoCo; `contact_rows` rows of each env's contact table (the deepest contacts first)."""
 
     contact_rows: int = DEFAULT_CONTACT_ROWS
     nthread: int = 1
-    use_ffi: bool = False  # the host work as XLA FFI calls into the C++ extension, not Python callbacks
+    transport: Transport = Callbacks()  # FfiCalls() where the C++ extension loads (create_native)
     physics_impl = "mujoco"
     # A refill's cost is mostly its fixed part (the JAX program around the callback, the crossing), not the C
     # forward calls, so one refill of every env is cheaper than several chunks.
@@ -268,7 +367,7 @@ class NativeEngine(PhysicsEngine):
     def host_clock(self) -> HostClock | FfiClock:
         """Time in the physics' host callbacks (or FFI handlers), the C MuJoCo steps and their copies in and out
         (benchmarks read it to split a train step)."""
-        return FfiClock(*self._ffi) if self.use_ffi else self._callback_clock
+        return self.transport.clock(self)
 
     @functools.cached_property
     def _callback_clock(self) -> HostClock:
@@ -357,45 +456,9 @@ class NativeEngine(PhysicsEngine):
         if unknown:
             raise ConfigError(f"physics_impl='mujoco' cannot randomize the model fields {', '.join(unknown)}")
         offsets = self._offsets(outputs)
-        if self.use_ffi:
-            if any("." in name for name in names):  # MjOption's fields: not in native_ffi.cc's table of arrays
-                raise ConfigError("physics_impl='mujoco' through FFI randomizes MjModel array fields only")
-            packed = self._ffi_step(nstep, final, data, names, offsets)
-            return {name: packed[a:b].reshape(self._shapes[name]) for name, a, b in offsets}
-        packed = jax.pure_callback(
-            functools.partial(self._host, nstep, final, names, offsets),
-            jax.ShapeDtypeStruct((offsets[-1][2],), jnp.float32),
-            self._packed_state(data),
-            *(jnp.asarray(data.fields[name], jnp.float32) for name in names),
-            vmap_method="broadcast_all",
-        )
+        inputs = (self._packed_state(data), *(jnp.asarray(data.fields[name], jnp.float32) for name in names))
+        packed = self.transport.step(self, nstep, final, names, offsets, inputs)
         return {name: packed[a:b].reshape(self._shapes[name]) for name, a, b in offsets}
-
-    def _ffi_step(
-        self,
-        nstep: int,
-        final: bool,
-        data: NativeData,
-        names: tuple[str, ...],
-        offsets: tuple[tuple[str, int, int], ...],
-    ) -> Array:
-        """`_host`'s work as one FFI call (KsimNativeStep in native_ffi.cc): the packed outputs of one env."""
-        stage = self._final_stage if final or nstep == 0 else int(mujoco.mjtStage.mjSTAGE_NONE)
-        call = jax.ffi.ffi_call(
-            native_ffi.STEP_TARGET,
-            jax.ShapeDtypeStruct((offsets[-1][2],), jnp.float32),
-            vmap_method="broadcast_all",
-        )
-        return call(
-            self._packed_state(data),
-            *(jnp.asarray(data.fields[name], jnp.float32) for name in names),
-            model=self._ffi[1],
-            fields=",".join(names),
-            outputs=",".join(name for name, _, _ in offsets),
-            nstep=np.int64(nstep),
-            stage=np.int64(stage),
-            nthread=np.int64(self.nthread),
-        )
 
     # ----- the engine interface ------------------------------------------------------------------------------
 
@@ -447,14 +510,7 @@ class NativeEngine(PhysicsEngine):
             jax.ShapeDtypeStruct((rows,), jnp.float32),
         )
         inputs = (self._packed_state(data), *(jnp.asarray(data.fields[name], jnp.float32) for name in names))
-        if self.use_ffi:
-            call = jax.ffi.ffi_call(native_ffi.CONTACTS_TARGET, shapes, vmap_method="broadcast_all")
-            table = call(*inputs, model=self._ffi[1], fields=",".join(names), nthread=np.int64(self.nthread))
-        else:
-            table = jax.pure_callback(
-                functools.partial(self._contacts_host, names), shapes, *inputs, vmap_method="broadcast_all"
-            )
-        return Contacts(*table)
+        return Contacts(*self.transport.contacts(self, names, shapes, inputs))
 
     @functools.cached_property
     def _scratches(self) -> _Pool[_Scratch]:
@@ -605,5 +661,5 @@ def create_native(
         note = native_ffi.fallback_note(library)
         if note:
             print(note, flush=True)
-    use_ffi = not isinstance(library, str)
-    return NativeEngine(mj_model, ctrl_dt, dt, default_qpos, layout, contact_rows, default_threads(), use_ffi)
+    transport = Callbacks() if isinstance(library, str) else FfiCalls()
+    return NativeEngine(mj_model, ctrl_dt, dt, default_qpos, layout, contact_rows, default_threads(), transport)
