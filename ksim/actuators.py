@@ -17,6 +17,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+import re
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -389,3 +390,84 @@ def as_position_servos(mj_model: mujoco.MjModel, gains: JointGains) -> mujoco.Mj
     servos.actuator_forcelimited[:] = 1
     servos.actuator_ctrllimited[:] = 0
     return servos
+
+
+@dataclass(frozen=True)
+class ElectricMotor:
+    """A joint's drive as its data sheet gives it: the inertia of the rotor and of each gear stage after it, each
+    stage's ratio (the rotor's own first: 1), and the torque and speed limits at the joint. `count` motors drive
+    the joint together (a linkage: their inertias and torques add)."""
+
+    rotor_inertias: tuple[float, ...]  # kg m^2
+    gears: tuple[float, ...]
+    effort_limit: float  # N m, one motor
+    velocity_limit: float  # rad/s
+    count: int = 1
+
+    @property
+    def armature(self) -> float:
+        """The inertia the joint feels from the drive (MuJoCo's joint armature): each stage's inertia times the
+        square of the speed-up from the joint to it."""
+        return self.count * reflected_inertia(self.rotor_inertias, self.gears)
+
+    @property
+    def torque_limit(self) -> float:
+        return self.count * self.effort_limit
+
+    def gains(self, natural_frequency_hz: float, damping_ratio: float) -> tuple[float, float]:
+        """(kp, kd) that make the joint alone, with only the drive's inertia, a second-order system of that
+        natural frequency and damping ratio: kp = armature w^2, kd = 2 zeta armature w."""
+        omega = 2.0 * np.pi * natural_frequency_hz
+        return self.armature * omega**2, 2.0 * damping_ratio * self.armature * omega
+
+
+def reflected_inertia(rotor_inertias: Sequence[float], gears: Sequence[float]) -> float:
+    """The inertia at the output of a gear train: stage i (0: the rotor) turns prod(gears[i + 1:]) times as fast
+    as the output, so its inertia counts that factor squared."""
+    if len(rotor_inertias) != len(gears) or not gears:
+        raise ConfigError(f"a motor gives one gear per inertia: {len(rotor_inertias)} inertias, {len(gears)} gears")
+    return float(sum(inertia * np.prod(gears[i + 1 :]) ** 2 for i, inertia in enumerate(rotor_inertias)))
+
+
+def joint_motors(mj_model: mujoco.MjModel, motors: Mapping[str, ElectricMotor]) -> list[ElectricMotor]:
+    """The motor of each actuator's joint (model order), found by `motors`' keys as regular expressions over the
+    joint names; ConfigError in one line for a joint that no key or two keys match, or a key that matches none."""
+    joints = [mujoco.mj_id2name(mj_model, mujoco.mjtObj.mjOBJ_JOINT, int(j)) for j in mj_model.actuator_trnid[:, 0]]
+    found = []
+    used = set()
+    for joint in joints:
+        keys = [key for key in motors if re.fullmatch(key, joint)]
+        if len(keys) != 1:
+            what = "no motor pattern" if not keys else f"the motor patterns {', '.join(map(repr, keys))}"
+            raise ConfigError(f"joint {joint!r} matches {what}; each actuated joint matches exactly one")
+        used.add(keys[0])
+        found.append(motors[keys[0]])
+    unused = [key for key in motors if key not in used]
+    if unused:
+        raise ConfigError(f"motor pattern {unused[0]!r} matches no actuated joint of the model")
+    return found
+
+
+def motor_gains(
+    mj_model: mujoco.MjModel,
+    motors: Mapping[str, ElectricMotor],
+    natural_frequency_hz: float = 10.0,
+    damping_ratio: float = 2.0,
+) -> JointGains:
+    """Per actuator: PD gains from the joint's drive inertia (`ElectricMotor.gains`) and its torque limit."""
+    if natural_frequency_hz <= 0 or damping_ratio <= 0:
+        raise ConfigError(
+            f"natural_frequency_hz={natural_frequency_hz} and damping_ratio={damping_ratio} must be positive"
+        )
+    drives = joint_motors(mj_model, motors)
+    kp, kd = np.array([drive.gains(natural_frequency_hz, damping_ratio) for drive in drives], np.float32).T
+    return JointGains(kp, kd, np.array([drive.torque_limit for drive in drives], np.float32))
+
+
+def with_motor_armature(mj_model: mujoco.MjModel, motors: Mapping[str, ElectricMotor]) -> mujoco.MjModel:
+    """A copy of `mj_model` whose actuated joints have their drives' armature."""
+    drives = joint_motors(mj_model, motors)
+    model = copy.copy(mj_model)
+    for joint, drive in zip(mj_model.actuator_trnid[:, 0], drives, strict=True):
+        model.dof_armature[mj_model.jnt_dofadr[joint]] = drive.armature
+    return model

@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 # ksim modules that must import without JAX (the package itself first).
-JAX_FREE_MODULES = ("ksim", "ksim.xla_setup", "ksim.errors", "ksim.policy_spec", "ksim.runtime")
+JAX_FREE_MODULES = ("ksim", "ksim.xla_setup", "ksim.errors", "ksim.policy_spec", "ksim.runtime", "ksim.motion")
 
 # Makes JAX, jaxlib, Flax and Optax absent: their imports fail, and their distributions have no metadata.
 WITHOUT_JAX = """

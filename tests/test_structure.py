@@ -74,7 +74,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         "base and robot side",
         (
             "ksim.errors", "ksim.config", "ksim.xla_setup", "ksim.reporting", "ksim.wandb_logging", "ksim.plot",
-            "ksim.checkpoint", "ksim.geom_mesh", "ksim.render", "ksim.policy_spec", "ksim.runtime",
+            "ksim.checkpoint", "ksim.geom_mesh", "ksim.render", "ksim.policy_spec", "ksim.runtime", "ksim.motion",
             "ksim.assets",
         ),
     ),

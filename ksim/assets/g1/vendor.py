@@ -1,0 +1,126 @@
+"""Writes ksim/assets/g1/g1.xml from mjlab's Unitree G1 (../shared/robots/g1, Apache-2.0); kept for provenance.
+
+    .venv/bin/python ksim/assets/g1/vendor.py ../shared/robots/g1
+
+What changes: each visual STL mesh (35 files, 19 MB) becomes its convex hull's vertices (on a 4 mm grid), inline,
+so the robot still shows in the viewer and videos while the asset stays small (84 KB); only the feet's capsules
+touch anything (condim 3, friction 0.6, priority 1, as mjlab's feet-only collisions; the other collision geoms stay,
+in group 3, touching nothing); the solver runs 4 iterations (8 line-search) instead of 100 (50). Added, since the
+XML has none: a `<motor>` on each of the 29 joints (gear 1; the task gives them gains and limits from the motors'
+data, see examples/g1_robot.py), an IMU (gyro, accelerometer, orientation) at each of the two IMU sites, a floor, a
+light, and the `home` keyframe with mjlab's standing pose, the base lowered until the feet touch. Joints, inertias
+and sites are untouched.
+"""
+
+from __future__ import annotations
+
+import re
+import struct
+import sys
+from pathlib import Path
+
+import mujoco
+import numpy as np
+from scipy.spatial import ConvexHull
+
+# mjlab's standing pose (HOME_KEYFRAME), radians, by joint-name pattern; every other joint 0.
+STANDING = {
+    r".*_hip_pitch_joint": -0.1,
+    r".*_knee_joint": 0.3,
+    r".*_ankle_pitch_joint": -0.2,
+    r".*_shoulder_pitch_joint": 0.2,
+    r".*_elbow_joint": 1.28,
+    r"left_shoulder_roll_joint": 0.2,
+    r"right_shoulder_roll_joint": -0.2,
+}
+FOOT_GEOM = re.compile(r"(left|right)_foot\d_collision")
+HULL_DECIMALS = 4
+HULL_GRID = 0.004  # m
+SOLVER_ITERATIONS, LINE_SEARCH_ITERATIONS = 4, 8
+IMUS = {"imu_in_pelvis": "pelvis", "imu_in_torso": "torso"}
+
+
+def stl_vertices(path: Path) -> np.ndarray:
+    """The vertices of a binary STL file."""
+    data = path.read_bytes()
+    (count,) = struct.unpack_from("<I", data, 80)
+    record = np.dtype([("normal", "<3f4"), ("v", "<9f4"), ("attr", "<u2")])
+    records = np.frombuffer(data, dtype=record, count=count, offset=84)
+    return records["v"].reshape(-1, 3).astype(np.float64)
+
+
+def hull_vertices(points: np.ndarray) -> np.ndarray:
+    """The convex hull's vertices after snapping the points to a HULL_GRID grid (fewer, near-duplicate hull
+    vertices merge: the drawn shape moves by at most half the grid)."""
+    snapped = np.unique(np.round(points / HULL_GRID) * HULL_GRID, axis=0)
+    hull = ConvexHull(snapped)
+    return np.round(snapped[hull.vertices], HULL_DECIMALS)
+
+
+def feet_only(spec: mujoco.MjSpec) -> None:
+    for geom in spec.geoms:
+        if not geom.contype and not geom.conaffinity:
+            continue  # a visual mesh
+        if FOOT_GEOM.fullmatch(geom.name):
+            geom.condim, geom.priority = 3, 1
+            geom.friction = [0.6, geom.friction[1], geom.friction[2]]
+            geom.contype, geom.conaffinity = 0, 1
+        else:
+            geom.contype, geom.conaffinity = 0, 0
+
+
+def add_motors_and_imus(spec: mujoco.MjSpec) -> None:
+    for joint in spec.joints:
+        if joint.type == mujoco.mjtJoint.mjJNT_HINGE:
+            spec.add_actuator(
+                name=joint.name.removesuffix("_joint"), target=joint.name, trntype=mujoco.mjtTrn.mjTRN_JOINT
+            )
+    for site, prefix in IMUS.items():
+        for kind, name in (
+            (mujoco.mjtSensor.mjSENS_GYRO, "gyro"),
+            (mujoco.mjtSensor.mjSENS_ACCELEROMETER, "accelerometer"),
+            (mujoco.mjtSensor.mjSENS_FRAMEQUAT, "orientation"),
+        ):
+            spec.add_sensor(name=f"{prefix}_{name}", type=kind, objtype=mujoco.mjtObj.mjOBJ_SITE, objname=site)
+
+
+def vendor(source: Path) -> str:
+    spec = mujoco.MjSpec.from_file(str(source / "g1.xml"))
+    for mesh in spec.meshes:
+        vertices = hull_vertices(stl_vertices(source / "assets" / mesh.file))
+        mesh.file = ""
+        mesh.uservert = vertices.reshape(-1).tolist()
+    spec.meshdir = ""
+    spec.option.iterations, spec.option.ls_iterations = SOLVER_ITERATIONS, LINE_SEARCH_ITERATIONS
+    feet_only(spec)
+    add_motors_and_imus(spec)
+    spec.worldbody.add_geom(
+        name="floor", type=mujoco.mjtGeom.mjGEOM_PLANE, size=[0, 0, 0.05], rgba=[0.8, 0.8, 0.8, 1], contype=1
+    )
+    spec.worldbody.add_light(pos=[0, 0, 3], dir=[0, 0, -1], type=mujoco.mjtLightType.mjLIGHT_DIRECTIONAL)
+    model = spec.compile()
+    qpos = model.qpos0.copy()
+    for joint in range(1, model.njnt):
+        for pattern, angle in STANDING.items():
+            if re.fullmatch(pattern, model.joint(joint).name):
+                qpos[model.jnt_qposadr[joint]] = angle
+    data = mujoco.MjData(model)
+    data.qpos[:] = qpos
+    mujoco.mj_kinematics(model, data)
+    feet = [g for g in range(model.ngeom) if FOOT_GEOM.fullmatch(model.geom(g).name)]
+    qpos[2] -= min(lowest_point(model, data, g) for g in feet)
+    spec.add_key(name="home", qpos=qpos.tolist())
+    return spec.to_xml()
+
+
+def lowest_point(model: mujoco.MjModel, data: mujoco.MjData, geom: int) -> float:
+    """The lowest world z of a capsule geom."""
+    radius, half = model.geom_size[geom, 0], model.geom_size[geom, 1]
+    axis = data.geom_xmat[geom].reshape(3, 3)[:, 2]
+    return float(data.geom_xpos[geom, 2] - abs(axis[2]) * half - radius)
+
+
+if __name__ == "__main__":
+    out = Path(__file__).with_name("g1.xml")
+    out.write_text(vendor(Path(sys.argv[1])))
+    print(f"wrote {out} ({out.stat().st_size // 1024} KB)")
