@@ -36,16 +36,11 @@ ONE_ANGLE_JOINTS = (int(mujoco.mjtJoint.mjJNT_HINGE), int(mujoco.mjtJoint.mjJNT_
 UNIT_TOLERANCE = 1e-3  # |q| may differ from 1 by this much (a CSV's printed digits), then it is normalized
 
 
-@dataclass(frozen=True)
-class Clip:
-    """A motion as recorded: T frames at `fps` of the root position (T, 3), the root orientation (T, 4; w, x, y, z)
-    and the joint angles (T, J) in the model's joint order."""
+class Frames:
+    """Frames at `fps` of joint angles (T, J): what a clip and a placed motion have in common."""
 
     fps: float
-    root_pos: np.ndarray
-    root_quat: np.ndarray
     joint_pos: np.ndarray
-    joint_names: tuple[str, ...] = ()  # as the file names them (empty: the file names none)
 
     @property
     def num_frames(self) -> int:
@@ -58,7 +53,19 @@ class Clip:
 
 
 @dataclass(frozen=True)
-class Motion:
+class Clip(Frames):
+    """A motion as recorded: T frames at `fps` of the root position (T, 3), the root orientation (T, 4; w, x, y, z)
+    and the joint angles (T, J) in the model's joint order."""
+
+    fps: float
+    root_pos: np.ndarray
+    root_quat: np.ndarray
+    joint_pos: np.ndarray
+    joint_names: tuple[str, ...] = ()  # as the file names them (empty: the file names none)
+
+
+@dataclass(frozen=True)
+class Motion(Frames):
     """A clip placed on a model at `fps`: the joints' angles and velocities (T, J) and every body's world pose and
     velocity (T, B, ...; the model's bodies without the world, in its order)."""
 
@@ -70,14 +77,6 @@ class Motion:
     body_quat: np.ndarray  # (T, B, 4): w, x, y, z
     body_lin_vel: np.ndarray  # (T, B, 3), world frame
     body_ang_vel: np.ndarray  # (T, B, 3), world frame
-
-    @property
-    def num_frames(self) -> int:
-        return int(self.joint_pos.shape[0])
-
-    @property
-    def duration(self) -> float:
-        return (self.num_frames - 1) / self.fps
 
     def qpos(self, frame: int) -> np.ndarray:
         """The model's qpos at `frame`: the root's pose (body 0), then the joints."""

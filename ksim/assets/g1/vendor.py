@@ -15,13 +15,12 @@ and sites are untouched.
 from __future__ import annotations
 
 import re
-import struct
 import sys
 from pathlib import Path
 
 import mujoco
-import numpy as np
-from scipy.spatial import ConvexHull
+
+from ksim.assets.vendoring import inline_hulls, lowest_capsule_point
 
 # mjlab's standing pose (HOME_KEYFRAME), radians, by joint-name pattern; every other joint 0.
 STANDING = {
@@ -38,23 +37,6 @@ HULL_DECIMALS = 4
 HULL_GRID = 0.004  # m
 SOLVER_ITERATIONS, LINE_SEARCH_ITERATIONS = 4, 8
 IMUS = {"imu_in_pelvis": "pelvis", "imu_in_torso": "torso"}
-
-
-def stl_vertices(path: Path) -> np.ndarray:
-    """The vertices of a binary STL file."""
-    data = path.read_bytes()
-    (count,) = struct.unpack_from("<I", data, 80)
-    record = np.dtype([("normal", "<3f4"), ("v", "<9f4"), ("attr", "<u2")])
-    records = np.frombuffer(data, dtype=record, count=count, offset=84)
-    return records["v"].reshape(-1, 3).astype(np.float64)
-
-
-def hull_vertices(points: np.ndarray) -> np.ndarray:
-    """The convex hull's vertices after snapping the points to a HULL_GRID grid (fewer, near-duplicate hull
-    vertices merge: the drawn shape moves by at most half the grid)."""
-    snapped = np.unique(np.round(points / HULL_GRID) * HULL_GRID, axis=0)
-    hull = ConvexHull(snapped)
-    return np.round(snapped[hull.vertices], HULL_DECIMALS)
 
 
 def feet_only(spec: mujoco.MjSpec) -> None:
@@ -86,10 +68,7 @@ def add_motors_and_imus(spec: mujoco.MjSpec) -> None:
 
 def vendor(source: Path) -> str:
     spec = mujoco.MjSpec.from_file(str(source / "g1.xml"))
-    for mesh in spec.meshes:
-        vertices = hull_vertices(stl_vertices(source / "assets" / mesh.file))
-        mesh.file = ""
-        mesh.uservert = vertices.reshape(-1).tolist()
+    inline_hulls(spec, source / "assets", HULL_DECIMALS, HULL_GRID)
     spec.meshdir = ""
     spec.option.iterations, spec.option.ls_iterations = SOLVER_ITERATIONS, LINE_SEARCH_ITERATIONS
     feet_only(spec)
@@ -108,16 +87,9 @@ def vendor(source: Path) -> str:
     data.qpos[:] = qpos
     mujoco.mj_kinematics(model, data)
     feet = [g for g in range(model.ngeom) if FOOT_GEOM.fullmatch(model.geom(g).name)]
-    qpos[2] -= min(lowest_point(model, data, g) for g in feet)
+    qpos[2] -= min(lowest_capsule_point(model, data, g) for g in feet)
     spec.add_key(name="home", qpos=qpos.tolist())
     return spec.to_xml()
-
-
-def lowest_point(model: mujoco.MjModel, data: mujoco.MjData, geom: int) -> float:
-    """The lowest world z of a capsule geom."""
-    radius, half = model.geom_size[geom, 0], model.geom_size[geom, 1]
-    axis = data.geom_xmat[geom].reshape(3, 3)[:, 2]
-    return float(data.geom_xpos[geom, 2] - abs(axis[2]) * half - radius)
 
 
 if __name__ == "__main__":

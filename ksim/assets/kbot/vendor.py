@@ -11,13 +11,13 @@ sensors and inertias are untouched. Added: a floor, a light, a `track` camera fo
 
 from __future__ import annotations
 
-import struct
 import sys
 from pathlib import Path
 
 import mujoco
 import numpy as np
-from scipy.spatial import ConvexHull
+
+from ksim.assets.vendoring import inline_hulls, lowest_capsule_point
 
 # Upstream's standing pose, degrees (the robot's README): every other joint 0.
 STANDING_DEG = {
@@ -38,26 +38,9 @@ HULL_DECIMALS = 4
 SOLVER_ITERATIONS, LINE_SEARCH_ITERATIONS = 3, 6
 
 
-def stl_vertices(path: Path) -> np.ndarray:
-    """The vertices of a binary STL file."""
-    data = path.read_bytes()
-    (count,) = struct.unpack_from("<I", data, 80)
-    record = np.dtype([("normal", "<3f4"), ("v", "<9f4"), ("attr", "<u2")])
-    records = np.frombuffer(data, dtype=record, count=count, offset=84)
-    return records["v"].reshape(-1, 3).astype(np.float64)
-
-
-def hull_vertices(points: np.ndarray) -> np.ndarray:
-    hull = ConvexHull(points)
-    return np.round(points[hull.vertices], HULL_DECIMALS)
-
-
 def vendor(source: Path) -> str:
     spec = mujoco.MjSpec.from_string((source / "robot.mjcf").read_text())
-    for mesh in spec.meshes:
-        vertices = hull_vertices(stl_vertices(source / mesh.file))
-        mesh.file = ""
-        mesh.uservert = vertices.reshape(-1).tolist()
+    inline_hulls(spec, source, HULL_DECIMALS)
     spec.option.iterations, spec.option.ls_iterations = SOLVER_ITERATIONS, LINE_SEARCH_ITERATIONS
     spec.worldbody.add_geom(
         name="floor", type=mujoco.mjtGeom.mjGEOM_PLANE, size=[0, 0, 0.05], rgba=[0.8, 0.8, 0.8, 1], material=""
@@ -76,17 +59,10 @@ def vendor(source: Path) -> str:
     mujoco.mj_kinematics(model, data)
     feet = [i for i in range(model.ngeom) if model.geom_contype[i] or model.geom_conaffinity[i]]
     feet = [i for i in feet if model.geom_type[i] == mujoco.mjtGeom.mjGEOM_CAPSULE]
-    lowest = min(lowest_point(model, data, g) for g in feet)
+    lowest = min(lowest_capsule_point(model, data, g) for g in feet)
     qpos[2] -= lowest
     spec.add_key(name="home", qpos=qpos.tolist())
     return spec.to_xml()
-
-
-def lowest_point(model: mujoco.MjModel, data: mujoco.MjData, geom: int) -> float:
-    """The lowest world z of a capsule geom."""
-    radius, half = model.geom_size[geom, 0], model.geom_size[geom, 1]
-    axis = data.geom_xmat[geom].reshape(3, 3)[:, 2]
-    return float(data.geom_xpos[geom, 2] - abs(axis[2]) * half - radius)
 
 
 if __name__ == "__main__":
