@@ -19,7 +19,7 @@ import mujoco
 import numpy as np
 import pytest
 
-from ksim.physics import build_ffi, create_engine, native_ffi
+from ksim.physics import build_ffi, create_engine, native, native_ffi
 from ksim.physics.native import Callbacks, FfiCalls, NativeEngine, create_native
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -150,6 +150,18 @@ def test_the_ffi_path_under_nested_vmap_and_for_one_env() -> None:
     single = [jax.jit(rollout(e))(*(a[0, 0] for a in args)) for e in both(engine)]
     assert_same_bits(single[1], single[0])
     assert_same_bits(single[1], jax.tree.map(lambda a: a[0, 0], nested[1]))
+
+
+def test_the_state_row_is_defined_once_in_python(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The C++ handlers take the packed row's fields and order from the call (native.STATE): reordered in Python
+    alone, the FFI path gives the same bits."""
+    x = starts(boxes_engine(), 3, seed=2)
+    args = (x["qpos"], x["qvel"], x["mass"], x["friction"], x["damping"], x["push"])
+    ffi = dataclasses.replace(boxes_engine(), transport=FfiCalls())
+    expected = jax.jit(jax.vmap(rollout(ffi)))(*args)
+    monkeypatch.setattr(native, "STATE", tuple(reversed(native.STATE)))
+    reordered = dataclasses.replace(boxes_engine(), transport=FfiCalls())
+    assert_same_bits(jax.jit(jax.vmap(rollout(reordered)))(*args), expected)
 
 
 def test_a_simulation_mujoco_refuses_comes_back_as_nan_on_both_paths() -> None:

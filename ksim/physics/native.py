@@ -50,6 +50,7 @@ from ksim.engine import Contacts, PhysicsEngine
 
 Array = jax.Array
 
+# One env's packed state row, its fields in order: the one definition (the FFI calls are told it as `state`).
 STATE = ("qpos", "qvel", "act", "qacc_warmstart", "time", "ctrl", "xfrc_applied")
 DERIVED = (
     "xpos",
@@ -322,6 +323,7 @@ class FfiCalls(Transport):
         return call(
             *inputs,
             model=engine._ffi[1],
+            state=",".join(STATE),
             fields=",".join(names),
             outputs=",".join(name for name, _, _ in offsets),
             nstep=np.int64(nstep),
@@ -333,7 +335,8 @@ class FfiCalls(Transport):
         self, engine: NativeEngine, names: tuple[str, ...], shapes: tuple[Any, ...], inputs: tuple[Array, ...]
     ) -> tuple[Array, ...]:
         call = jax.ffi.ffi_call(native_ffi.CONTACTS_TARGET, shapes, vmap_method="broadcast_all")
-        return tuple(call(*inputs, model=engine._ffi[1], fields=",".join(names), nthread=np.int64(engine.nthread)))
+        attributes = {"model": engine._ffi[1], "state": ",".join(STATE), "fields": ",".join(names)}
+        return tuple(call(*inputs, **attributes, nthread=np.int64(engine.nthread)))
 
     def clock(self, engine: NativeEngine) -> FfiClock:
         return FfiClock(*engine._ffi)

@@ -100,38 +100,23 @@ void Store(void* dst, Kind kind, int64_t i, V value) {
 
 // ----- the state -----------------------------------------------------------------------------------------------
 
-// ksim's packed state row (native.STATE), in its order, with each field's mjtState component.
-struct StateField {
-  const char* name;
+// The mjtState components a packed state row may hold, by ksim's names for them. Which of them a row holds, and in
+// what order, comes with each call (its `state` attribute: native.STATE, the one definition of the row).
+struct StateComponent {
+  std::string_view name;
   int component;
 };
-constexpr StateField kState[] = {
-    {"qpos", mjSTATE_QPOS},         {"qvel", mjSTATE_QVEL}, {"act", mjSTATE_ACT},
-    {"qacc_warmstart", mjSTATE_WARMSTART}, {"time", mjSTATE_TIME}, {"ctrl", mjSTATE_CTRL},
-    {"xfrc_applied", mjSTATE_XFRC_APPLIED},
+constexpr StateComponent kComponents[] = {
+    {"qpos", mjSTATE_QPOS}, {"qvel", mjSTATE_QVEL}, {"act", mjSTATE_ACT}, {"qacc_warmstart", mjSTATE_WARMSTART},
+    {"time", mjSTATE_TIME}, {"ctrl", mjSTATE_CTRL}, {"xfrc_applied", mjSTATE_XFRC_APPLIED},
 };
-constexpr int kNumState = sizeof(kState) / sizeof(kState[0]);
-// mj_setState's order of the same elements (their bits' order), as native.STATE_SPEC_ORDER.
-constexpr int kSpecOrder[] = {4, 0, 1, 2, 3, 5, 6};  // time, qpos, qvel, act, qacc_warmstart, ctrl, xfrc_applied
-constexpr int kStateSpec = mjSTATE_TIME | mjSTATE_QPOS | mjSTATE_QVEL | mjSTATE_ACT | mjSTATE_WARMSTART |
-                           mjSTATE_CTRL | mjSTATE_XFRC_APPLIED;
 
-int64_t StateSize(const mjModel* m, int i) {
-  switch (i) {
-    case 0: return m->nq;
-    case 1: case 3: return m->nv;
-    case 2: return m->na;
-    case 4: return 1;
-    case 5: return m->nu;
-    default: return 6 * static_cast<int64_t>(m->nbody);
+// The mjtState component ksim calls `name`; 0 for a name that is none.
+int Component(std::string_view name) {
+  for (const StateComponent& known : kComponents) {
+    if (name == known.name) return known.component;
   }
-}
-
-int StateIndex(std::string_view name) {
-  for (int i = 0; i < kNumState; ++i) {
-    if (name == kState[i].name) return i;
-  }
-  return -1;
+  return 0;
 }
 
 std::vector<std::string_view> Split(std::string_view text) {
@@ -144,6 +129,22 @@ std::vector<std::string_view> Split(std::string_view text) {
   }
   return parts;
 }
+
+// A call's packed state row: its fields' components in order, and its width in floats.
+struct StateRow {
+  std::vector<int> components;
+  int64_t width = 0;
+
+  ffi::Error Read(const mjModel* m, std::string_view attr) {
+    for (std::string_view name : Split(attr)) {
+      int component = Component(name);
+      if (component == 0) return ffi::Error::InvalidArgument("ksim: no state component " + std::string(name));
+      components.push_back(component);
+      width += mj_stateSize(m, component);
+    }
+    return ffi::Error::Success();
+  }
+};
 
 // ----- the randomized fields of one call -------------------------------------------------------------------------
 
@@ -335,11 +336,10 @@ struct Source {
 };
 
 ffi::Error OutputSource(const mjModel* m, Sims* sims, std::string_view name, Source* source) {
-  int state = StateIndex(name);
-  if (state >= 0) {
+  if (int component = Component(name); component != 0) {
     int size = 0;
-    const double* first = mjb_stateComponent(sims->batch, kState[state].component, &size);
-    *source = {first, mjb_nstate(sims->batch), StateSize(m, state)};
+    const double* first = mjb_stateComponent(sims->batch, component, &size);
+    *source = {first, mjb_nstate(sims->batch), mj_stateSize(m, component)};
     return ffi::Error::Success();
   }
   auto it = sims->outputs.find(name);
@@ -365,27 +365,22 @@ struct Call {
   }
 };
 
-int64_t StateWidth(const mjModel* m) {
-  int64_t width = 0;
-  for (int i = 0; i < kNumState; ++i) width += StateSize(m, i);
-  return width;
-}
-
 // Takes a batch for the n envs and writes their packed float32 state rows into its float64 rows and their
 // fields into its expanded fields (the first half of NativeEngine._host).
-ffi::Error Load(Call* call, const float* in, int64_t n, int64_t nthread, const CallFields& fields) {
+ffi::Error Load(Call* call, const StateRow& row, const float* in, int64_t n, int64_t nthread,
+                const CallFields& fields) {
   const mjModel* m = call->entry->model;
   std::string message;
   call->sims = TakeSims(call->entry, static_cast<int>(n), static_cast<int>(nthread), &message);
   if (call->sims == nullptr) return ffi::Error::Internal("ksim: mjb_makeBatch: " + message);
   mjBatch* b = call->sims->batch;
   double* rows = mjb_state(b);
-  int64_t nstate = mjb_nstate(b), width = StateWidth(m), packed = 0;
-  for (int f = 0; f < kNumState; ++f) {
-    int64_t offset = mjb_stateComponent(b, kState[f].component, nullptr) - rows, size = StateSize(m, f);
+  int64_t nstate = mjb_nstate(b), packed = 0;
+  for (int component : row.components) {
+    int64_t offset = mjb_stateComponent(b, component, nullptr) - rows, size = mj_stateSize(m, component);
     for (int64_t env = 0; env < n; ++env) {
       double* dst = rows + env * nstate + offset;
-      const float* src = in + env * width + packed;
+      const float* src = in + env * row.width + packed;
       for (int64_t k = 0; k < size; ++k) dst[k] = static_cast<double>(src[k]);
     }
     packed += size;
@@ -407,14 +402,16 @@ std::vector<int> Ids(const Sims& sims, int64_t n) {
 // and then the stages up to `stage`, and reads the `outputs` fields back into one float32 row per env
 // (NativeEngine._host). A simulation MuJoCo refuses to run comes back as a row of NaN.
 ffi::Error StepImpl(ffi::Buffer<ffi::F32> state, ffi::RemainingArgs field_args, ffi::ResultBuffer<ffi::F32> out,
-                    std::string_view model, std::string_view fields_attr, std::string_view outputs_attr,
-                    int64_t nstep, int64_t stage, int64_t nthread) {
+                    std::string_view model, std::string_view state_attr, std::string_view fields_attr,
+                    std::string_view outputs_attr, int64_t nstep, int64_t stage, int64_t nthread) {
   Entry* entry = Find(model);
   if (entry == nullptr) return ffi::Error::InvalidArgument("ksim: model not registered");
   Timed timed{entry};
   entry->calls[nstep == 0 ? 0 : 1]++;
   const mjModel* m = entry->model;
-  int64_t width = StateWidth(m);
+  StateRow row;
+  if (ffi::Error error = row.Read(m, state_attr); error.failure()) return error;
+  int64_t width = row.width;
   int64_t n = state.element_count() / width;
   if (n * width != static_cast<int64_t>(state.element_count())) {
     return ffi::Error::InvalidArgument("ksim: the state rows have the wrong width");
@@ -424,7 +421,7 @@ ffi::Error StepImpl(ffi::Buffer<ffi::F32> state, ffi::RemainingArgs field_args, 
   CallFields fields;
   if (ffi::Error error = fields.Read(m, fields_attr, field_args, n); error.failure()) return error;
   Call call{entry, nullptr};
-  if (ffi::Error error = Load(&call, state.typed_data(), n, nthread, fields); error.failure()) return error;
+  if (ffi::Error error = Load(&call, row, state.typed_data(), n, nthread, fields); error.failure()) return error;
   std::vector<std::string_view> outputs = Split(outputs_attr);
   std::vector<Source> sources(outputs.size());
   int64_t total = 0;
@@ -529,14 +526,16 @@ void CollectContacts(const mjModel* m, mjData* d, int sim, void* raw) {
 ffi::Error ContactsImpl(ffi::Buffer<ffi::F32> state, ffi::RemainingArgs field_args,
                         ffi::ResultBuffer<ffi::S32> geom1, ffi::ResultBuffer<ffi::S32> geom2,
                         ffi::ResultBuffer<ffi::F32> dist, ffi::ResultBuffer<ffi::F32> pos,
-                        ffi::ResultBuffer<ffi::F32> normal_force, std::string_view model, std::string_view fields_attr,
-                        int64_t nthread) {
+                        ffi::ResultBuffer<ffi::F32> normal_force, std::string_view model,
+                        std::string_view state_attr, std::string_view fields_attr, int64_t nthread) {
   Entry* entry = Find(model);
   if (entry == nullptr) return ffi::Error::InvalidArgument("ksim: model not registered");
   Timed timed{entry};
   entry->calls[2]++;
   const mjModel* m = entry->model;
-  int64_t width = StateWidth(m);
+  StateRow row;
+  if (ffi::Error error = row.Read(m, state_attr); error.failure()) return error;
+  int64_t width = row.width;
   int64_t n = state.element_count() / width;
   if (n * width != static_cast<int64_t>(state.element_count())) {
     return ffi::Error::InvalidArgument("ksim: the state rows have the wrong width");
@@ -546,7 +545,7 @@ ffi::Error ContactsImpl(ffi::Buffer<ffi::F32> state, ffi::RemainingArgs field_ar
   CallFields fields;
   if (ffi::Error error = fields.Read(m, fields_attr, field_args, n); error.failure()) return error;
   Call call{entry, nullptr};
-  if (ffi::Error error = Load(&call, state.typed_data(), n, nthread, fields); error.failure()) return error;
+  if (ffi::Error error = Load(&call, row, state.typed_data(), n, nthread, fields); error.failure()) return error;
   std::vector<std::vector<Kept>> kept(call.sims->nsim);
   ContactsArg arg{rows, m->opt.cone == mjCONE_PYRAMIDAL, &kept};
   std::vector<int> ids = Ids(*call.sims, n);
@@ -594,6 +593,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(KsimNativeStep, StepImpl,
                                   .RemainingArgs()
                                   .Ret<ffi::Buffer<ffi::F32>>()
                                   .Attr<std::string_view>("model")
+                                  .Attr<std::string_view>("state")
                                   .Attr<std::string_view>("fields")
                                   .Attr<std::string_view>("outputs")
                                   .Attr<int64_t>("nstep")
@@ -610,6 +610,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(KsimNativeContacts, ContactsImpl,
                                   .Ret<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>()
                                   .Attr<std::string_view>("model")
+                                  .Attr<std::string_view>("state")
                                   .Attr<std::string_view>("fields")
                                   .Attr<int64_t>("nthread"));
 
