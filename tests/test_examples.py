@@ -92,7 +92,6 @@ def test_walking_presets_cpu_by_default_and_gpu_with_every_sim2real_component() 
         not cpu.components.randomizations
         and cpu.components.command is None
         and not cpu.components.events
-        and CPU_CONFIG.num_envs == 128
     )
     gpu = WalkingTask(GPU_CONFIG)
     gait_scales = [
@@ -110,8 +109,8 @@ def test_walking_presets_cpu_by_default_and_gpu_with_every_sim2real_component() 
         and gpu.components.command is not None
         and len(gpu.components.events) == 1
     )
-    assert gpu.environment.noisy_observations(deterministic=False) and GPU_CONFIG.action_delay_steps == 1
-    assert gpu.environment.observation_layout()[-1] == ("Command", 3) and GPU_CONFIG.num_envs == 2048
+    assert gpu.environment.noisy_observations(deterministic=False)
+    assert gpu.environment.observation_layout()[-1] == ("Command", 3)
 
 
 def test_kbot_gpu_preset_is_the_cpu_learner_scaled_and_says_what_it_costs_on_a_cpu(
