@@ -183,7 +183,7 @@ CPU_CONFIG = WalkingConfig(
 )
 # Sized for one GPU, with every sim-to-real component on (`sim2real=false`: the CPU preset's task): the CPU
 # preset's learner at 16x its envs, scaled by the learner's rule (64 minibatches of 32 envs, a KL target 4x and a
-# clip 2x as large), over a third of its train steps.
+# clip 2x as large, the parameters' average over 16x fewer train steps), over a third of its train steps.
 GPU_CONFIG = replace(
     CPU_CONFIG,
     preset="gpu",

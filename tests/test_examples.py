@@ -88,11 +88,7 @@ def test_walking_presets_cpu_by_default_and_gpu_with_every_sim2real_component() 
         preset_config([]) is CPU_CONFIG is DEFAULT_CONFIG and preset_config(["preset=gpu", "num_envs=8"]) is GPU_CONFIG
     )
     cpu = WalkingTask(CPU_CONFIG)  # builds the model and checks every component; nothing compiles
-    assert (
-        not cpu.components.randomizations
-        and cpu.components.command is None
-        and not cpu.components.events
-    )
+    assert not cpu.components.randomizations and cpu.components.command is None and not cpu.components.events
     gpu = WalkingTask(GPU_CONFIG)
     gait_scales = [
         next(r.scale for r in task.components.rewards if r.name == "FootSwingTracking") for task in (cpu, gpu)
@@ -102,7 +98,7 @@ def test_walking_presets_cpu_by_default_and_gpu_with_every_sim2real_component() 
     assert cpu.learner_line() == ""
     assert gpu.learner_line() == (
         "learner: 2048 envs, 16x the reference_num_envs=128: 64 minibatches of 32 envs, "
-        "desired_kl 0.04 (0.01 x sqrt 16), clip_eps 0.4 (0.2 x 16^(1/4))"
+        "desired_kl 0.04 (0.01 x sqrt 16), clip_eps 0.4 (0.2 x 16^(1/4)), policy_average_decay 0.92 (1 - 0.005 x 16)"
     )
     assert (
         len(gpu.components.randomizations) == 9

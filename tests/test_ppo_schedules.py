@@ -21,6 +21,7 @@ from ksim.learner.ppo_update import (
     gaussian_kl,
     identity,
     ppo_epochs,
+    scaled_average_decay,
     scaled_clip_eps,
     scaled_desired_kl,
 )
@@ -262,6 +263,20 @@ def test_the_clip_widens_with_the_square_root_of_the_kl_target() -> None:
     for envs in (512, 1024, 2048):  # the log-ratio spread sqrt(2 KL) grows as the clip does
         kl_growth = scaled_desired_kl(0.02, envs, 256) / 0.02
         assert scaled_clip_eps(0.2, envs, 256) / 0.2 == pytest.approx(kl_growth**0.5)
+
+
+def test_the_parameters_average_spans_as_many_env_steps_at_any_env_count() -> None:
+    assert scaled_average_decay(0.995, 2048, 0) == 0.995  # no reference: no scaling
+    assert scaled_average_decay(0.0, 2048, 128) == 0.0  # no average stays none
+    for envs in (128, 512, 2048):
+        decay = scaled_average_decay(0.995, envs, 128)
+        assert envs / (1 - decay) == pytest.approx(128 / (1 - 0.995))  # env steps the average spans
+    assert scaled_average_decay(0.9, 2048, 128) == 0.0  # a span under one train step: the latest parameters
+    task = DistributedCartpoleTask(
+        distributed_cartpole_config(num_envs=32, batch_size=4, reference_num_envs=8, policy_average_decay=0.99)
+    )
+    assert task.policy_average_decay == pytest.approx(0.96)
+    assert task.learner_line().endswith(", policy_average_decay 0.96 (1 - 0.01 x 4)")
 
 
 @pytest.mark.parametrize("num_devices", [1, 2, 4])

@@ -187,6 +187,20 @@ def scaled_clip_eps(clip_eps: float, num_envs: int, reference_num_envs: int) -> 
     return clip_eps * (num_envs / reference_num_envs) ** 0.25
 
 
+def scaled_average_decay(decay: float, num_envs: int, reference_num_envs: int) -> float:
+    """The parameters' moving-average decay for `num_envs` envs, from `decay` tuned at `reference_num_envs` (0: no
+    reference, no scaling): 1 - (1 - decay) * num_envs / reference_num_envs, at least 0.
+
+    The average spans about 1 / (1 - decay) train steps. At k times the envs a train step takes k times the
+    optimizer steps (the minibatch count follows num_envs) and the policy moves about as much further, so the same
+    span of train steps would average over k times the policy's change: the walking humanoid at 16x the envs
+    reached the reference's final training return by train step 240 of 3000, when an average over 200 train steps
+    still held the falling policies of its first hundred. The scaled decay spans the same number of env steps."""
+    if reference_num_envs <= 0 or decay <= 0:
+        return decay
+    return max(0.0, 1.0 - (1.0 - decay) * num_envs / reference_num_envs)
+
+
 def identity(tree: Any) -> Any:
     return tree
 

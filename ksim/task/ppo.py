@@ -23,6 +23,7 @@ from ksim.learner.ppo_update import (
     adapt_learning_rate,
     compute_gae,
     ppo_epochs,
+    scaled_average_decay,
     scaled_clip_eps,
     scaled_desired_kl,
 )
@@ -52,8 +53,9 @@ class PPOConfig(RLConfig):
         0,
         help="The num_envs the learner's settings were tuned at (0: num_envs itself). At another num_envs the "
         "minibatches stay batch_size envs each (so their count follows num_envs) and, under the adaptive "
-        "schedules, desired_kl is scaled by sqrt(num_envs / reference_num_envs) and clip_eps by its square root: "
-        "a user who adds devices and envs changes num_envs alone (docs/training.md, 'Adding envs').",
+        "schedules, desired_kl is scaled by sqrt(num_envs / reference_num_envs) and clip_eps by its square root; "
+        "policy_average_decay's average spans as many env steps: a user who adds devices and envs changes "
+        "num_envs alone (docs/training.md, 'Adding envs').",
     )
     min_learning_rate: float = xax.field(1e-5, help="learning_rate_schedule=adaptive(_annealed): the lowest rate.")
     max_learning_rate: float = xax.field(1e-2, help="learning_rate_schedule=adaptive(_annealed): the highest rate.")
@@ -269,6 +271,12 @@ class PPOTask(RLTask[PPOConfigT]):
             return config.clip_eps
         return scaled_clip_eps(config.clip_eps, config.num_envs, config.reference_num_envs)
 
+    @property
+    def policy_average_decay(self) -> float:
+        """The parameters' moving average at this num_envs spans as many env steps as at reference_num_envs."""
+        config = self.config
+        return scaled_average_decay(config.policy_average_decay, config.num_envs, config.reference_num_envs)
+
     def learner_line(self) -> str:
         """One line on how the update follows num_envs ("" where it is where the settings were tuned)."""
         config = self.config
@@ -281,9 +289,15 @@ class PPOTask(RLTask[PPOConfigT]):
             if self.adapts_learning_rate
             else ""
         )
+        average = (
+            f", policy_average_decay {self.policy_average_decay:.3g} (1 - {1 - config.policy_average_decay:.3g}"
+            f" x {factor:g})"
+            if config.policy_average_decay > 0
+            else ""
+        )
         return (
             f"learner: {config.num_envs} envs, {factor:g}x the reference_num_envs={config.reference_num_envs}: "
-            f"{self.num_minibatches} minibatches of {config.batch_size} envs{kl}"
+            f"{self.num_minibatches} minibatches of {config.batch_size} envs{kl}{average}"
         )
 
     @property

@@ -252,6 +252,11 @@ class RLTask(ABC, Generic[ConfigT]):
             raise ConfigError(f"logger='wandb' needs the wandb package: {WANDB_EXTRA}")
 
     @property
+    def policy_average_decay(self) -> float:
+        """The decay of the evaluated parameters' moving average after each train step (0: the latest)."""
+        return self.config.policy_average_decay
+
+    @property
     def env_steps_per_train_step(self) -> int:
         return self.config.num_envs * self.config.rollout_length_frames
 
@@ -335,7 +340,7 @@ class RLTask(ABC, Generic[ConfigT]):
             )
             shared, trajectory = shared.replace(return_normalizer=returns), trajectory.replace(reward=reward)
         shared, update_metrics = self.update_shard(shared, trajectory, update_key)
-        shared = shared.averaged(self.config.policy_average_decay)
+        shared = shared.averaged(self.policy_average_decay)
         if self.config.normalize_observations:
             # The newest frame of each observation; the critic's own observations with their own statistics.
             newest = trajectory.obs[..., trajectory.obs.shape[-1] - self.environment.observation_dim :]
