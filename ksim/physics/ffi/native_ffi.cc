@@ -142,6 +142,7 @@ struct StateRow {
       components.push_back(component);
       width += mj_stateSize(m, component);
     }
+    if (width == 0) return ffi::Error::InvalidArgument("ksim: the state row holds nothing");
     return ffi::Error::Success();
   }
 };
