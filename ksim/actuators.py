@@ -75,6 +75,11 @@ def actuator_labels(mj_model: mujoco.MjModel) -> list[str]:
     return [mujoco.mj_id2name(mj_model, mujoco.mjtObj.mjOBJ_ACTUATOR, i) or f"actuator_{i}" for i in range(mj_model.nu)]
 
 
+def actuated_joints(mj_model: mujoco.MjModel) -> list[str]:
+    """The name of the joint each actuator drives, in actuator order."""
+    return [mujoco.mj_id2name(mj_model, mujoco.mjtObj.mjOBJ_JOINT, int(j)) for j in mj_model.actuator_trnid[:, 0]]
+
+
 def actuator_names(mj_model: mujoco.MjModel, actuators: Sequence[int]) -> str:
     return ", ".join(repr(mujoco.mj_id2name(mj_model, mujoco.mjtObj.mjOBJ_ACTUATOR, i) or f"#{i}") for i in actuators)
 
@@ -336,7 +341,7 @@ def gains_from_metadata(mj_model: mujoco.MjModel, path: str | Path) -> JointGain
     actuators drive; ConfigError in one line naming the joint and the field for a joint it lacks, a joint the
     model lacks, or a value that is not a positive number."""
     table = json.loads(Path(path).read_text()).get("joint_name_to_metadata", {})
-    joints = [mujoco.mj_id2name(mj_model, mujoco.mjtObj.mjOBJ_JOINT, int(j)) for j in mj_model.actuator_trnid[:, 0]]
+    joints = actuated_joints(mj_model)
     unknown = sorted(set(table) - set(joints))
     if unknown:
         raise ConfigError(f"{path}: joint {unknown[0]!r} is not driven by any actuator of the model")
@@ -432,7 +437,7 @@ def reflected_inertia(rotor_inertias: Sequence[float], gears: Sequence[float]) -
 def joint_motors(mj_model: mujoco.MjModel, motors: Mapping[str, ElectricMotor]) -> list[ElectricMotor]:
     """The motor of each actuator's joint (model order), found by `motors`' keys as regular expressions over the
     joint names; ConfigError in one line for a joint that no key or two keys match, or a key that matches none."""
-    joints = [mujoco.mj_id2name(mj_model, mujoco.mjtObj.mjOBJ_JOINT, int(j)) for j in mj_model.actuator_trnid[:, 0]]
+    joints = actuated_joints(mj_model)
     found = []
     used = set()
     for joint in joints:
