@@ -287,13 +287,14 @@ def place(clip: Clip, mj_model: mujoco.MjModel) -> Motion:
 def load_motion(
     path: str | Path,
     mj_model: mujoco.MjModel,
-    fps: float,
+    fps: float | None,
     quaternion: str = "wxyz",
     input_fps: float = DEFAULT_INPUT_FPS,
 ) -> Motion:
-    """The clip in `path`, checked against the model, resampled to `fps` and placed on the model."""
+    """The clip in `path`, checked against the model, resampled to `fps` (None: its own rate) and placed on the
+    model."""
     clip = check_clip(read_clip(path, quaternion, input_fps), mj_model, str(path))
-    return place(resample(clip, fps), mj_model)
+    return place(clip if fps is None else resample(clip, fps), mj_model)
 
 
 # ----- inspecting ------------------------------------------------------------------------------------------------
@@ -361,8 +362,7 @@ def main(argv: Sequence[str] | None = None) -> list[str]:
         print(f"error: --model {args.model}: {str(error).splitlines()[0]}", file=sys.stderr)
         raise SystemExit(2) from None
     try:
-        clip = check_clip(read_clip(args.clip, args.quaternion, args.input_fps), mj_model, args.clip)
-        motion = place(resample(clip, args.fps) if args.fps else clip, mj_model)
+        motion = load_motion(args.clip, mj_model, args.fps, args.quaternion, args.input_fps)
         feet = foot_sites(mj_model) if args.feet is None else tuple(args.feet)
         unknown = [name for name in feet if mujoco.mj_name2id(mj_model, mujoco.mjtObj.mjOBJ_SITE, name) < 0]
         if unknown:

@@ -106,6 +106,9 @@ def test_the_command_prints_what_a_clip_does_on_the_model(capsys: pytest.Capture
     with pytest.raises(SystemExit):
         km.main([str(MOTIONS_DIR / "walk.csv"), "--model", str(g1_xml()), "--feet", "left_toe"])
     assert capsys.readouterr().err == "error: --feet: the model has no site left_toe\n"
+    with pytest.raises(SystemExit):
+        km.main([str(MOTIONS_DIR / "walk.csv"), "--model", str(g1_xml()), "--fps", "0"])
+    assert capsys.readouterr().err == "error: fps=0.0 must be positive\n"
 
 
 def g1_xml() -> Path:
