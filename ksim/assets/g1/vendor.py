@@ -20,7 +20,7 @@ from pathlib import Path
 
 import mujoco
 
-from ksim.assets.vendoring import inline_hulls, lowest_capsule_point
+from ksim.assets.vendoring import add_standing_key, inline_hulls
 
 # mjlab's standing pose (HOME_KEYFRAME), radians, by joint-name pattern; every other joint 0.
 STANDING = {
@@ -83,12 +83,7 @@ def vendor(source: Path) -> str:
         for pattern, angle in STANDING.items():
             if re.fullmatch(pattern, model.joint(joint).name):
                 qpos[model.jnt_qposadr[joint]] = angle
-    data = mujoco.MjData(model)
-    data.qpos[:] = qpos
-    mujoco.mj_kinematics(model, data)
-    feet = [g for g in range(model.ngeom) if FOOT_GEOM.fullmatch(model.geom(g).name)]
-    qpos[2] -= min(lowest_capsule_point(model, data, g) for g in feet)
-    spec.add_key(name="home", qpos=qpos.tolist())
+    add_standing_key(spec, model, qpos, [g for g in range(model.ngeom) if FOOT_GEOM.fullmatch(model.geom(g).name)])
     return spec.to_xml()
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import mujoco
 import numpy as np
 
-from ksim.assets.vendoring import inline_hulls, lowest_capsule_point
+from ksim.assets.vendoring import add_standing_key, inline_hulls
 
 # Upstream's standing pose, degrees (the robot's README): every other joint 0.
 STANDING_DEG = {
@@ -54,14 +54,8 @@ def vendor(source: Path) -> str:
     qpos = model.qpos0.copy()
     for joint, degrees in STANDING_DEG.items():
         qpos[model.joint(joint).qposadr[0]] = np.deg2rad(degrees)
-    data = mujoco.MjData(model)
-    data.qpos[:] = qpos
-    mujoco.mj_kinematics(model, data)
     feet = [i for i in range(model.ngeom) if model.geom_contype[i] or model.geom_conaffinity[i]]
-    feet = [i for i in feet if model.geom_type[i] == mujoco.mjtGeom.mjGEOM_CAPSULE]
-    lowest = min(lowest_capsule_point(model, data, g) for g in feet)
-    qpos[2] -= lowest
-    spec.add_key(name="home", qpos=qpos.tolist())
+    add_standing_key(spec, model, qpos, [i for i in feet if model.geom_type[i] == mujoco.mjtGeom.mjGEOM_CAPSULE])
     return spec.to_xml()
 
 
