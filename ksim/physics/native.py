@@ -322,24 +322,30 @@ class FfiCalls(Transport):
         )
         return call(
             *inputs,
-            model=engine._ffi[1],
-            state=",".join(STATE),
-            fields=",".join(names),
+            **self.attributes(engine, names),
             outputs=",".join(name for name, _, _ in offsets),
             nstep=np.int64(nstep),
             stage=np.int64(stage),
-            nthread=np.int64(engine.nthread),
         )
 
     def contacts(
         self, engine: NativeEngine, names: tuple[str, ...], shapes: tuple[Any, ...], inputs: tuple[Array, ...]
     ) -> tuple[Array, ...]:
         call = jax.ffi.ffi_call(native_ffi.CONTACTS_TARGET, shapes, vmap_method="broadcast_all")
-        attributes = {"model": engine._ffi[1], "state": ",".join(STATE), "fields": ",".join(names)}
-        return tuple(call(*inputs, **attributes, nthread=np.int64(engine.nthread)))
+        return tuple(call(*inputs, **self.attributes(engine, names)))
 
     def clock(self, engine: NativeEngine) -> FfiClock:
         return FfiClock(*engine._ffi)
+
+    @staticmethod
+    def attributes(engine: NativeEngine, names: tuple[str, ...]) -> dict[str, Any]:
+        """What both handlers are told: the model's key, the state row's fields, the randomized fields, threads."""
+        return {
+            "model": engine._ffi[1],
+            "state": ",".join(STATE),
+            "fields": ",".join(names),
+            "nthread": np.int64(engine.nthread),
+        }
 
 
 @dataclass(frozen=True)
