@@ -74,6 +74,46 @@ def rotate_inverse(quat: Array, vec: Array) -> Array:
     return vec - w * t + jnp.cross(xyz, t)
 
 
+def quat_multiply(a: Array, b: Array) -> Array:
+    """The Hamilton product a * b of (w, x, y, z) quaternions (broadcasting over leading axes)."""
+    aw, ax, ay, az = jnp.moveaxis(a, -1, 0)
+    bw, bx, by, bz = jnp.moveaxis(b, -1, 0)
+    return jnp.stack(
+        [
+            aw * bw - ax * bx - ay * by - az * bz,
+            aw * bx + ax * bw + ay * bz - az * by,
+            aw * by - ax * bz + ay * bw + az * bx,
+            aw * bz + ax * by - ay * bx + az * bw,
+        ],
+        axis=-1,
+    )
+
+
+def quat_conjugate(quat: Array) -> Array:
+    """The inverse rotation of a unit quaternion."""
+    return quat * jnp.array([1.0, -1.0, -1.0, -1.0])
+
+
+def quat_angle(a: Array, b: Array) -> Array:
+    """The angle (rad, in [0, pi]) of the rotation between unit quaternions a and b."""
+    dot = jnp.abs(jnp.sum(a * b, axis=-1))
+    return 2.0 * jnp.arccos(jnp.clip(dot, 0.0, 1.0))
+
+
+def yaw_quat(quat: Array) -> Array:
+    """The rotation about the world z axis of a unit quaternion's heading (its yaw alone)."""
+    w, x, y, z = jnp.moveaxis(quat, -1, 0)
+    yaw = jnp.arctan2(2.0 * (w * z + x * y), 1.0 - 2.0 * (y * y + z * z))
+    zero = jnp.zeros_like(yaw)
+    return jnp.stack([jnp.cos(yaw / 2), zero, zero, jnp.sin(yaw / 2)], axis=-1)
+
+
+def rotation_6d(quat: Array) -> Array:
+    """The first two columns of a unit quaternion's rotation matrix (6 values; continuous, unlike angles)."""
+    columns = jnp.stack([rotate(quat, jnp.array([1.0, 0.0, 0.0])), rotate(quat, jnp.array([0.0, 1.0, 0.0]))])
+    return jnp.ravel(columns)
+
+
 def _names(mj_model: mujoco.MjModel, obj: mujoco.mjtObj, count: int) -> tuple[str, ...]:
     return tuple(mujoco.mj_id2name(mj_model, obj, i) or "" for i in range(count))
 

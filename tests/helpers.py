@@ -20,7 +20,7 @@ from ksim import randomization as rnd
 from ksim import rewards as rew
 from ksim import terminations as term
 from ksim.actuators import Actuators, PositionActuators, PositionServoActuators, TorqueActuators
-from ksim.commands import Command, VelocityCommand
+from ksim.commands import Command, HeldCommand, VelocityCommand
 from ksim.engine import StepContext
 from ksim.events import Event, Push
 from ksim.resets import RandomJointPositions, Reset
@@ -185,7 +185,7 @@ MEMORY_XML = """
 
 
 @dataclasses.dataclass(frozen=True)
-class Target(Command):
+class Target(HeldCommand):
     """A target in [-1, 1], drawn at the episode's start and kept (resample_s beyond any episode)."""
 
     resample_s: tuple[float, float] = (1e6, 1e6)

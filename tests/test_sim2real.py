@@ -86,7 +86,7 @@ def test_commands_and_timers_are_drawn_per_env_at_episode_start(starts: list) ->
     assert np.any(np.all(both == 0, axis=1)) and np.any(both != 0)  # zero_probability=0.3: some stand still
     assert np.all((command[:, 0] >= -0.5) & (command[:, 0] <= 1.0))
     assert np.all(np.abs(command[:, 1]) <= 0.3) and np.all(np.abs(command[:, 2]) <= 0.5)
-    assert np.all((first.command_timer >= 2) & (first.command_timer <= 5))  # 0.04 .. 0.1 s at ctrl_dt=0.02
+    assert np.all((first.command_state >= 2) & (first.command_state <= 5))  # 0.04 .. 0.1 s at ctrl_dt=0.02
     assert first.event_timers.shape == (NUM_ENVS, 1)
     assert not np.array_equal(first.command, second.command)
     assert first.action_queue.shape == (NUM_ENVS, 1, 1)  # action_delay_steps=1

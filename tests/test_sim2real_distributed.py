@@ -22,7 +22,7 @@ def per_env_draws(env: EnvState) -> dict:
         for field, value in {
             "randomized": episode.randomized,
             "command": episode.command,
-            "command_timer": episode.command_timer,
+            "command_state": episode.command_state,
             "event_timers": episode.event_timers,
             "rng": episode.rng,
             "component_state": episode.component_state,

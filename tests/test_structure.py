@@ -84,7 +84,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         (
             "ksim.binding", "ksim.stateful", "ksim.terrain", "ksim.observations", "ksim.rewards",
             "ksim.terminations", "ksim.resets", "ksim.actuators", "ksim.randomization", "ksim.commands",
-            "ksim.events", "ksim.mirror", "ksim.viewer_settings",
+            "ksim.events", "ksim.mirror", "ksim.viewer_settings", "ksim.tracking",
         ),
     ),
     ("deployment", ("ksim.deploy",)),

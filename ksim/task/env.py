@@ -20,7 +20,7 @@ import numpy as np
 
 from ksim.actuators import Actuators, delay_action
 from ksim.binding import bind_all
-from ksim.commands import Command, advance_command, check_command_users, start_command
+from ksim.commands import Command, advance_command, check_command_users, command_ended, start_command
 from ksim.engine import ModelLayout, PhysicsEngine, StepContext
 from ksim.events import Event, run_events, start_event_timers
 from ksim.learner.memory import PolicyState
@@ -227,11 +227,18 @@ class Environment:
         return has_noise and (not deterministic or self.settings.eval_observation_noise)
 
     def start_episode(
-        self, rng: Array, cell: TerrainCells | None = None, policy_state: PolicyState | None = None
+        self,
+        rng: Array,
+        cell: TerrainCells | None = None,
+        policy_state: PolicyState | None = None,
+        start_failures: Array | None = None,
+        from_beginning: bool = False,
     ) -> Episode:
-        """A new episode of one env: default pose perturbed by the task's resets, model randomized, a command,
-        the policy's initial state (unless `policy_state` is given); with a terrain, the pose moved onto the
-        centre platform of `cell`'s tile."""
+        """A new episode of one env: a command, the pose it starts from (the model's default, or the command's:
+        a motion's frame) perturbed by the task's resets, model randomized, the policy's initial state (unless
+        `policy_state` is given); with a terrain, the pose moved onto the centre platform of `cell`'s tile.
+        `start_failures`: the shard's recent failures per start bin of the command (None: none yet);
+        `from_beginning`: an evaluation's start (a motion from its first frame)."""
         engine, parts, ctrl_dt = self.engine, self.components, self.settings.ctrl_dt
         randomize_key, command_key, event_key = jax.random.split(jax.random.fold_in(rng, 1), 3)
         rng, *reset_keys = jax.random.split(rng, len(parts.resets) + 1)
@@ -240,6 +247,11 @@ class Environment:
             spawn = self.terrain.spawn_offset(cell, jax.random.fold_in(rng, 2), self.spawn_jitter)
             qpos = qpos.at[free_base_position(engine.layout)].add(spawn)
         qvel = jnp.zeros(engine.mj_model.nv)
+        bins = 0 if parts.command is None else parts.command.start_bins
+        failures = jnp.zeros(bins) if start_failures is None else start_failures
+        command, command_state = start_command(parts.command, command_key, ctrl_dt, failures, from_beginning)
+        if parts.command is not None:
+            qpos, qvel = parts.command.start_pose(command_state, qpos, qvel)
         for reset, key in zip(parts.resets, reset_keys, strict=True):
             qpos, qvel = reset.apply(qpos, qvel, engine.layout, key)
         drawn = sample_randomizations(parts.randomizations, engine.field_defaults, engine.layout, randomize_key)
@@ -249,7 +261,6 @@ class Environment:
         randomized = Randomized(model_fields=fields, gain_scales=gain_scales)
         data = engine.make_data(qpos, qvel, randomized.model_fields)
         no_action = jnp.zeros(engine.action_dim)
-        command, command_timer = start_command(parts.command, command_key, ctrl_dt)
         ctx = engine.context(data, data, no_action, no_action, data.ctrl, command)
         component_state = {key: c.initial_state(engine.layout) for key, c in parts.stateful}
         return Episode(
@@ -264,7 +275,7 @@ class Environment:
             rng=rng,
             randomized=randomized,
             command=command,
-            command_timer=command_timer,
+            command_state=command_state,
             event_timers=start_event_timers(parts.events, event_key, ctrl_dt),
             action_queue=jnp.zeros((self.settings.action_delay_steps, engine.action_dim)),
             component_state=component_state,
@@ -295,14 +306,15 @@ class Environment:
         data, ctrl = engine.step(data, lambda data: parts.actuators.ctrl(applied, data, gain_scales), fields)
         ctx = engine.context(data, episode.data, action, episode.last_action, ctrl, episode.command)
         diverged = physics_diverged(ctx)
-        command, command_timer = advance_command(
-            parts.command, episode.command, episode.command_timer, command_key, ctrl_dt
+        command, command_state = advance_command(
+            parts.command, episode.command, episode.command_state, command_key, ctrl_dt
         )
         next_obs = jnp.where(diverged, 0.0, self.observe(ctx.replace(command=command)))
         next_critic_obs = jnp.where(diverged, 0.0, self.observe_critic(ctx.replace(command=command)))
         terminated, reward_terms, reward, component_state = judge_step(parts, ctx, episode.component_state)
         episode_length = episode.episode_length + 1
-        truncated = (episode_length >= self.settings.max_episode_steps) & ~terminated
+        out_of_time = episode_length >= self.settings.max_episode_steps
+        truncated = (out_of_time | command_ended(parts.command, command_state)) & ~terminated
         episode_return = episode.episode_return + reward
         discounted_return = episode.discounted_return * self.settings.gamma + reward
         stepped = episode.replace(
@@ -316,7 +328,7 @@ class Environment:
             discounted_return=discounted_return,
             rng=rng,
             command=command,
-            command_timer=command_timer,
+            command_state=command_state,
             event_timers=event_timers,
             action_queue=action_queue,
             component_state=component_state,

@@ -8,6 +8,7 @@ k of env i starts from `fold_in(key_i, k)`, so its start depends on its own glob
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -17,7 +18,7 @@ import jax.numpy as jnp
 
 from ksim.task.env import Environment
 from ksim.task.terrain_use import TerrainUse
-from ksim.task.types import EnvState, Trajectory, Transition
+from ksim.task.types import EnvState, Episode, Trajectory, Transition
 
 Array = jax.Array
 Metrics = dict[str, Array]
@@ -64,7 +65,13 @@ class EnvPool:
             episodes_started=jnp.zeros(num_envs, jnp.int32),
             reset_key=env_keys,
             terrain=self.terrain.first_cells(env_keys, env_offset),
+            start_failures=jnp.zeros((num_envs, self.start_bins)),
         )
+
+    @property
+    def start_bins(self) -> int:
+        command = self.environment.components.command
+        return 0 if command is None else command.start_bins
 
     def refill_next_starts(self, env: EnvState) -> EnvState:
         """Computes the next episode start of every env whose start was used, a chunk of envs at a time (the
@@ -80,7 +87,9 @@ class EnvPool:
             (index,) = jnp.nonzero(~env.next_start_ready, size=chunk, fill_value=num_envs)  # num_envs: no env
             safe = jnp.minimum(index, num_envs - 1)
             keys = jax.vmap(jax.random.fold_in)(env.reset_key[safe], env.episodes_started[safe])
-            fresh = jax.vmap(self.environment.start_episode)(keys, jax.tree.map(lambda cells: cells[safe], env.terrain))
+            cells = jax.tree.map(lambda cells: cells[safe], env.terrain)
+            failures = jnp.sum(env.start_failures, axis=0)  # the shard's: one env fails too rarely to tell
+            fresh = jax.vmap(self.environment.start_episode, in_axes=(0, 0, None, None))(keys, cells, None, failures)
             next_start = jax.tree.map(lambda pool, new: pool.at[index].set(new, mode="drop"), env.next_start, fresh)
             ready = env.next_start_ready.at[index].set(True, mode="drop")
             return env.replace(next_start=next_start, next_start_ready=ready)
@@ -98,7 +107,10 @@ class EnvPool:
         current = select_envs(starting, env.next_start, env.current)
         stepped, transition = jax.vmap(self.environment.step_env, in_axes=(None, 0))(shared, current)
         ended = transition.trajectory.terminated | transition.trajectory.truncated
-        env = env.replace(episodes_started=env.episodes_started + starting)
+        env = env.replace(
+            episodes_started=env.episodes_started + starting,
+            start_failures=self.record_failures(env.start_failures, stepped, transition.trajectory.terminated),
+        )
         cells = self.terrain.next_cells(env.terrain, env.reset_key, env.episodes_started, stepped, ended)
         moved = cells.level != env.terrain.level  # a start computed ahead for the old tile is computed again
         env = env.replace(
@@ -108,6 +120,13 @@ class EnvPool:
             terrain=cells,
         )
         return env, transition
+
+    def record_failures(self, failures: Array, stepped: Episode, terminated: Array) -> Array:
+        command = self.environment.components.command
+        if command is None or command.start_bins == 0:
+            return failures
+        record = functools.partial(command.record_failures, ctrl_dt=self.environment.settings.ctrl_dt)
+        return jax.vmap(record)(failures, stepped.command_state, terminated)
 
     def rollout(self, shared: Any, env: EnvState, length: int) -> tuple[EnvState, Trajectory, Metrics]:
         """`length` control steps of every env (episodes carry over into the next rollout), the time-major

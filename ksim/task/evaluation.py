@@ -26,6 +26,7 @@ from ksim.rewards import linear_velocity_error, yaw_rate_error
 from ksim.task.env import Environment
 from ksim.task.types import Episode, RLConfig, Trajectory
 from ksim.terrain import TerrainCells
+from ksim.tracking import MotionCommand
 
 Array = jax.Array
 # (shared, env keys, terrain levels) -> stats, qpos, steps
@@ -43,6 +44,8 @@ class EpisodeStats(struct.PyTreeNode):
     yaw_rate_error_sum: Array  # |world yaw rate - command yaw rate| summed over the steps (0: no command)
     standing_steps: Array  # steps whose command was zero
     drift_sum: Array  # (2,) per env: the base's horizontal velocity summed over those steps
+    command_measure_sums: dict[str, Array]  # the command's own measures (a motion's errors) summed over the steps
+    start_state: Array  # the command's state at the episode's start (a motion's first frame)
 
 
 class EvalResult(NamedTuple):
@@ -57,6 +60,9 @@ class EvalResult(NamedTuple):
     terrain_level: int | None = None  # the terrain level the episodes ran on; None without a terrain
     yaw_rate_error: np.ndarray | None = None  # each episode's mean |yaw rate - command|, rad/s; None without one
     drift: np.ndarray | None = None  # each episode's drift speed under a zero command (nan: none), m/s
+    command_measures: dict[str, np.ndarray] | None = None  # each episode's mean of the command's own measures
+    clip: np.ndarray | None = None  # a motion's clip that each episode played; None without a motion
+    clip_names: tuple[str, ...] = ()
 
 
 class StepMeasures(NamedTuple):
@@ -67,6 +73,7 @@ class StepMeasures(NamedTuple):
     yaw_rate_error: Array  # |world yaw rate - command yaw rate|
     standing: Array  # the command is zero
     drift: Array  # (2,): the base's horizontal velocity where the command is zero, else 0
+    command: dict[str, Array]  # the command's own measures (`measures(ctx)`: a motion's tracking errors)
 
 
 def tracks_velocity(command: Command | None) -> bool:
@@ -76,8 +83,9 @@ def tracks_velocity(command: Command | None) -> bool:
 def step_measures(command: Command | None, ctx: StepContext) -> StepMeasures:
     """The locomotion measures after one control step of one env."""
     speed_x, zero = ctx.base_lin_vel_world[0], jnp.zeros(())
+    own = command_measures(command, ctx)
     if not tracks_velocity(command):
-        return StepMeasures(speed_x, zero, zero, jnp.zeros((), bool), jnp.zeros(2))
+        return StepMeasures(speed_x, zero, zero, jnp.zeros((), bool), jnp.zeros(2), own)
     standing = jnp.all(ctx.command == 0)
     return StepMeasures(
         speed_x,
@@ -85,7 +93,13 @@ def step_measures(command: Command | None, ctx: StepContext) -> StepMeasures:
         yaw_rate_error(ctx),
         standing,
         jnp.where(standing, ctx.base_lin_vel_world[:2], 0.0),
+        own,
     )
+
+
+def command_measures(command: Command | None, ctx: StepContext) -> dict[str, Array]:
+    """What the command itself says about a control step (a motion: its tracking errors); empty for others."""
+    return {} if command is None else command.measures(ctx)
 
 
 def deterministic_step(
@@ -117,13 +131,14 @@ def make_eval_program(environment: Environment, terrain_column: int | None = Non
 
     def run_episodes(shared: Any, env_keys: Array, levels: Array) -> tuple[EpisodeStats, Array, Array]:
         num_envs = env_keys.shape[0]
+        start = functools.partial(environment.start_episode, from_beginning=True)
         if environment.terrain is None:
-            episode = jax.vmap(environment.start_episode)(env_keys)
+            episode = jax.vmap(start)(env_keys)
         else:
             columns = jnp.arange(num_envs, dtype=jnp.int32) % len(environment.terrain.grid.types)
             if terrain_column is not None:
                 columns = jnp.full(num_envs, terrain_column, jnp.int32)
-            episode = jax.vmap(environment.start_episode)(env_keys, TerrainCells(level=levels, column=columns))
+            episode = jax.vmap(start)(env_keys, TerrainCells(level=levels, column=columns))
         qpos_log = jnp.zeros((max_steps, episode.data.qpos.shape[-1]))
 
         def running_any(carry: tuple[Any, ...]) -> Array:
@@ -143,14 +158,29 @@ def make_eval_program(environment: Environment, terrain_column: int | None = Non
                 yaw_rate_error_sum=stats.yaw_rate_error_sum + jnp.where(running, measures.yaw_rate_error, 0.0),
                 standing_steps=stats.standing_steps + (running & measures.standing),
                 drift_sum=stats.drift_sum + jnp.where(running[:, None], measures.drift, 0.0),
+                command_measure_sums={
+                    name: total + jnp.where(running, measures.command[name], 0.0)
+                    for name, total in stats.command_measure_sums.items()
+                },
+                start_state=stats.start_state,
             )
             running = running & ~(terminated | truncated)
             return t + 1, episode, stats, running, qpos_log
 
         zeros = jnp.zeros(num_envs)
         counts = jnp.zeros(num_envs, jnp.int32)
+        names = jax.eval_shape(lambda episode: step_all(shared, episode)[4].command, episode)
         stats = EpisodeStats(
-            zeros, counts, zeros, zeros, jnp.zeros(num_envs, bool), zeros, counts, jnp.zeros((num_envs, 2))
+            zeros,
+            counts,
+            zeros,
+            zeros,
+            jnp.zeros(num_envs, bool),
+            zeros,
+            counts,
+            jnp.zeros((num_envs, 2)),
+            {name: zeros for name in names},
+            episode.command_state,
         )
         init = (jnp.zeros((), jnp.int32), episode, stats, jnp.ones(num_envs, bool), qpos_log)
         steps, _, stats, _, qpos_log = jax.lax.while_loop(running_any, body, init)
@@ -181,6 +211,28 @@ def summary_scalars(result: EvalResult) -> dict[str, float]:
         scalars["eval/drift"] = float(np.nanmean(result.drift))
     if result.terrain_level is not None:
         scalars["eval/terrain_level"] = float(result.terrain_level)
+    for name, values in (result.command_measures or {}).items():
+        scalars[f"eval/{name}"] = float(np.mean(values))
+    if result.clip is not None:
+        scalars["eval/success_rate"] = 1.0 - scalars["eval/fall_rate"]
+    if len(result.clip_names) > 1:
+        scalars |= per_clip_scalars(result)
+    return scalars
+
+
+def per_clip_scalars(result: EvalResult) -> dict[str, float]:
+    """A motion's evaluation per clip: success rate (reaching the clip's end) and each measure's mean over the
+    clip's episodes."""
+    scalars: dict[str, float] = {}
+    if result.clip is None:
+        return scalars
+    for index, clip in enumerate(result.clip_names):
+        mine = result.clip == index
+        if not np.any(mine):
+            continue
+        scalars[f"eval/{clip}/success_rate"] = float(1.0 - np.mean(result.fell[mine]))
+        for name, values in (result.command_measures or {}).items():
+            scalars[f"eval/{clip}/{name}"] = float(np.mean(values[mine]))
     return scalars
 
 
@@ -229,7 +281,9 @@ class Evaluator:
         inputs = self.inputs(shared, num_episodes, seed, level)
         stats, qpos, _ = jax.device_get((program or self.program)(*inputs))
         steps = np.maximum(stats.lengths, 1)
-        tracking = tracks_velocity(self.environment.components.command)
+        command = self.environment.components.command
+        tracking = tracks_velocity(command)
+        motion = command if isinstance(command, MotionCommand) else None
         return EvalResult(
             stats.returns,
             stats.lengths,
@@ -240,6 +294,9 @@ class Evaluator:
             int(inputs[2][0]) if self.environment.terrain is not None and len(inputs[2]) else None,
             stats.yaw_rate_error_sum / steps if tracking else None,
             mean_drift(stats.drift_sum, stats.standing_steps) if tracking else None,
+            {name: total / steps for name, total in stats.command_measure_sums.items()} or None,
+            None if motion is None else np.asarray(jax.vmap(motion.clip_of)(stats.start_state)),
+            () if motion is None else motion.clip_names,
         )
 
 

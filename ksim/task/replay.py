@@ -69,7 +69,7 @@ def make_judge(environment: Environment) -> Callable[..., tuple[Array, Array, St
 def judge_episodes(environment: Environment, episodes: Sequence[RecordedEpisode]) -> EvalResult:
     """The episodes as `mode=eval` reports them: each ends at its first termination (a fall) or its last step."""
     judge = make_judge(environment)
-    returns, lengths, fell, measures = [], [], [], []
+    returns, lengths, fell, measures, own = [], [], [], [], []
     for episode in episodes:
         arrays = (episode.qpos, episode.qvel, episode.action, episode.ctrl, episode.command)
         reward, terminated, per_step = jax.device_get(judge(*(jnp.asarray(a, jnp.float32) for a in arrays)))
@@ -78,10 +78,12 @@ def judge_episodes(environment: Environment, episodes: Sequence[RecordedEpisode]
         returns.append(reward[:length].sum())
         lengths.append(length)
         fell.append(bool(ended.size))
-        measures.append([np.asarray(m)[:length] for m in per_step])
+        *locomotion, command_measures = per_step
+        measures.append([np.asarray(m)[:length] for m in locomotion])
+        own.append({name: float(np.mean(values[:length])) for name, values in command_measures.items()})
     tracking = tracks_velocity(environment.components.command)
     speed_x, error, yaw_error, standing, drift = (
-        [per_episode[i] for per_episode in measures] for i in range(len(StepMeasures._fields))
+        [per_episode[i] for per_episode in measures] for i in range(len(StepMeasures._fields) - 1)
     )
     standing_steps = np.asarray([m.sum() for m in standing])
     drift_speed = mean_drift(np.stack([m.sum(axis=0) for m in drift]), standing_steps) if tracking else None
@@ -95,4 +97,5 @@ def judge_episodes(environment: Environment, episodes: Sequence[RecordedEpisode]
         None,
         np.asarray([m.mean() for m in yaw_error]) if tracking else None,
         drift_speed,
+        {name: np.asarray([m[name] for m in own]) for name in own[0]} if own and own[0] else None,
     )

@@ -148,7 +148,7 @@ class Episode(struct.PyTreeNode):
     rng: Array
     randomized: Randomized  # this episode's model fields and PD-gain scales (empty dicts: none)
     command: Array  # (command size,)
-    command_timer: Array  # control steps until the command is redrawn
+    command_state: Array  # the command's own state: a held command's steps left, a motion's frame
     event_timers: Array  # (num events,) control steps until each event
     action_queue: Array  # (action_delay_steps, action_dim) chosen actions not yet applied, oldest first
     component_state: dict[str, Any]  # stateful rewards' and terminations' state by key (ksim.stateful)
@@ -183,8 +183,10 @@ class EnvState(struct.PyTreeNode):
     An env whose episode ended starts the next one at its next control step, from `next_start` (computed
     ahead, a batch at a time). Episode k of env i starts from `fold_in(reset_key[i], k)`, so env i's starts
     depend only on its own key, never on when the pool is refilled or on which device (or with which
-    other envs) it runs. A fresh state has no episode yet (`ended` everywhere): the first control step
-    starts every env's first episode, so the starts compile once, inside the rollout.
+    other envs) it runs; with a command that samples starts where episodes fail (a motion), the start's bin also
+    depends on the shard's recent failures (`start_failures`, summed over its envs). A fresh state has no episode
+    yet (`ended` everywhere): the first control step starts every env's first episode, so the starts compile once,
+    inside the rollout.
     """
 
     current: Episode  # the running episode, or the one that ended at the last step (`ended`)
@@ -194,6 +196,7 @@ class EnvState(struct.PyTreeNode):
     episodes_started: Array
     reset_key: Array
     terrain: TerrainCells  # each env's terrain tile (zeros without a terrain); the curriculum moves it
+    start_failures: Array  # (start_bins,) per env: its recent failures per start bin of the command (ksim.commands)
 
     @property
     def obs(self) -> Array:

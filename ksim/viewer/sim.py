@@ -94,7 +94,7 @@ class ViewerSim:
     ) -> tuple[Episode, dict[str, Any]]:
         episode = episode.replace(
             command=jnp.where(hold, command, episode.command),
-            command_timer=jnp.where(hold, HELD_COMMAND_STEPS, episode.command_timer),
+            command_state=jnp.where(hold, HELD_COMMAND_STEPS, episode.command_state),
         )
         stepped, transition = self.environment.step_env(shared, episode, deterministic)
         engine = self.environment.engine
