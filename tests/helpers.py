@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
+import subprocess
 import sys
 import types
 from collections.abc import Sequence
@@ -315,3 +317,20 @@ def docs_observation() -> type:
         code = compile(text.split(begin)[1].split(end)[0], "docs/tasks.md", "exec", dont_inherit=True)
         exec(code, module.__dict__)
     return module.ClippedGyro
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_example(
+    module: str, *args: str, devices: int, extra_env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    env = {key: value for key, value in os.environ.items() if key not in ("XLA_FLAGS", "PJRT_NPROC")}
+    env |= {
+        "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
+        "JAX_COMPILATION_CACHE_DIR": str(ROOT / ".jax_cache"),
+        **(extra_env or {}),
+    }
+    return subprocess.run(
+        [sys.executable, "-m", module, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900
+    )

@@ -1,34 +1,16 @@
 """The examples run end to end, including the README's multi-device command on forced CPU devices."""
 
 import dataclasses
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import jax
 import numpy as np
 import pytest
+from helpers import run_example
 
 from examples.walking import CPU_CONFIG, DEFAULT_CONFIG, GPU_CONFIG, WalkingTask, preset_config
 from ksim.config import ConfigError
 from ksim.xla_setup import lapack_splits_batches
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def run_example(
-    module: str, *args: str, devices: int, extra_env: dict[str, str] | None = None
-) -> subprocess.CompletedProcess:
-    env = {key: value for key, value in os.environ.items() if key not in ("XLA_FLAGS", "PJRT_NPROC")}
-    env |= {
-        "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
-        "JAX_COMPILATION_CACHE_DIR": str(ROOT / ".jax_cache"),
-        **(extra_env or {}),
-    }
-    return subprocess.run(
-        [sys.executable, "-m", module, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900
-    )
 
 
 def test_walking_runs_two_train_steps(tmp_path: Path) -> None:

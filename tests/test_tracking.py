@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import mujoco
 import numpy as np
 import pytest
+from helpers import run_example
 
 from ksim import observations as obs
 from ksim import rewards as rew
@@ -236,10 +237,23 @@ def test_what_cannot_apply_is_refused_in_one_line(clips: list[Path]) -> None:
         trk.MotionCommand.load(clips, model, CTRL_DT, BODIES, "head", input_fps=50)
     with pytest.raises(ConfigError, match="no body 'tail'"):
         trk.MotionCommand.load(clips, model, CTRL_DT, (*BODIES, "tail"), "torso", input_fps=50)
-    with pytest.raises(ConfigError, match="uniform_share=1.5 must be in"):
+    with pytest.raises(ConfigError, match=r"uniform_share=1.5 must be in"):
         load(clips, uniform_share=1.5)
     motion = load(clips)
-    with pytest.raises(ConfigError, match="loaded for ctrl_dt=0.02; the task's is 0.01"):
+    with pytest.raises(ConfigError, match=r"loaded for ctrl_dt=0.02; the task.s is 0.01"):
         motion.start(jax.random.PRNGKey(0), 0.01, jnp.zeros(6), False)
-    with pytest.raises(ConfigError, match="BodyHeightDeviation.bodies must name tracked bodies"):
+    with pytest.raises(ConfigError, match=r"BodyHeightDeviation.bodies must name tracked bodies"):
         trk.BodyHeightDeviation(motion, bodies=("pelvis",)).bind(None)  # type: ignore[arg-type]
+
+
+def test_g1_tracking_runs_every_clip_on_two_devices_and_reports_each(tmp_path: Path) -> None:
+    refused = run_example("examples.g1_tracking", "motion=run", devices=1)
+    assert refused.returncode != 0
+    assert "motion='run' must be one of walk, wave, high5, dance, jumpjack or 'all'" in refused.stderr
+    assert "compiling" not in refused.stdout
+    args = ("motion=all", "num_steps=2", "num_envs=8", "batch_size=4", "eval_every_n_steps=2", "eval_episodes=10")
+    result = run_example("examples.g1_tracking", *args, f"run_dir={tmp_path}", devices=2)
+    assert result.returncode == 0, result.stdout + result.stderr
+    (evaluation,) = [line for line in result.stdout.splitlines() if line.startswith("eval step 2")]
+    assert "eval/success_rate" in evaluation and "eval/body_error_anchor" in evaluation
+    assert "eval/walk/success_rate" in evaluation and "eval/jumpjack/joint_error" in evaluation
