@@ -76,6 +76,11 @@ class Command(ABC):
         """The episode's initial (qpos, qvel) before the resets perturb it; by default the model's own."""
         return qpos, qvel
 
+    def reference_qpos(self, state: Array) -> Array | None:
+        """The pose the command asks the robot to be in at `state` (a motion's frame), drawn beside the robot by the
+        viewer and videos; None: nothing to draw."""
+        return None
+
     def measures(self, ctx: StepContext) -> dict[str, Array]:
         """What evaluation averages per episode besides locomotion (a motion: its tracking errors)."""
         return {}

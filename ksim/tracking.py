@@ -205,6 +205,9 @@ class MotionCommand(Command):
     def start_pose(self, state: Array, qpos: Array, qvel: Array) -> tuple[Array, Array]:
         return jnp.asarray(self.table.qpos, jnp.float32)[state], jnp.asarray(self.table.qvel, jnp.float32)[state]
 
+    def reference_qpos(self, state: Array) -> Array:
+        return jnp.asarray(self.table.qpos, jnp.float32)[state]
+
     def record_failures(self, failures: Array, state: Array, terminated: Array, ctrl_dt: float) -> Array:
         hit = jax.nn.one_hot(jnp.asarray(self.table.frame_bin)[state], self.start_bins) * terminated
         return failures * (1.0 - ctrl_dt / self.failure_memory_s) + hit

@@ -8,7 +8,7 @@ import socket
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ksim.commands import Command, VelocityCommand
+from ksim.commands import Command, HeldCommand, VelocityCommand
 from ksim.config import ConfigError
 from ksim.geom_mesh import NUM_GEOM_GROUPS
 
@@ -26,8 +26,9 @@ class ViewSettings:
 
 
 def command_ranges(command: Command | None) -> tuple[tuple[str, float, float], ...]:
-    """The viewer's slider per command value: a velocity command's own ranges, else -1 to 1."""
-    if command is None:
+    """The viewer's slider per command value: a velocity command's own ranges, else -1 to 1; none for a command
+    that is not held (a motion plays by itself)."""
+    if not isinstance(command, HeldCommand):
         return ()
     if isinstance(command, VelocityCommand):
         return (

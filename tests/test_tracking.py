@@ -4,7 +4,11 @@ reference and ignore the robot's horizontal drift, and an evaluation that report
 
 from __future__ import annotations
 
+import ctypes.util
 import dataclasses
+import os
+import subprocess
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -26,6 +30,8 @@ from ksim.engine import StepContext
 from ksim.resets import Reset
 from ksim.task.evaluation import summary_scalars
 from ksim.task.ppo import PPOConfig, PPOTask
+from ksim.viewer.sim import ViewerSim
+from ksim.viewer_settings import command_ranges
 
 XML = """
 <mujoco>
@@ -229,6 +235,47 @@ def test_evaluation_starts_every_clip_at_its_first_frame_and_reports_it(task: Ar
     assert scalars["eval/success_rate"] == 1.0 and scalars["eval/raise/success_rate"] == 1.0
     # The policy holds the arms still (action_scale 0): the reference's swing is the error.
     assert 0.05 < scalars["eval/swing/joint_error"] < scalars["eval/raise/joint_error"]
+    # Env 0's video shows the reference beside it: the clip's frames from its first, one per control step.
+    qpos, reference = result.poses(task.environment.engine.mj_model.nq)
+    first = int(task.motion.table.clip_first[result.clip[0]])
+    assert reference is not None and len(reference) == len(qpos) == result.lengths[0]
+    np.testing.assert_allclose(reference, task.motion.table.qpos[first : first + len(reference)], atol=1e-6)
+
+
+def test_the_viewer_poses_the_reference_at_the_motions_frame(task: ArmsTask) -> None:
+    sim = ViewerSim(task.environment, task.init_train_state().shared)
+    report = sim.step()
+    frame = int(sim.episode.command_state)
+    assert report.reference_qpos is not None
+    np.testing.assert_allclose(report.reference_qpos, task.motion.table.qpos[frame], atol=1e-6)
+    assert command_ranges(task.motion) == ()  # a motion plays by itself: no sliders
+
+
+RENDER_BOTH = """
+import sys, mujoco, numpy as np
+from ksim.render import render_frames
+model = mujoco.MjModel.from_xml_path(sys.argv[1])
+poses = np.load(sys.argv[2])
+moved = poses.copy()
+moved[:, 0] += 0.4  # the reference beside the robot
+frames = [render_frames(model, poses, 64, 48)[0], render_frames(model, poses, 64, 48, reference=moved)[0]]
+np.save(sys.argv[3], np.stack(frames))
+"""
+
+
+@pytest.mark.skipif(ctypes.util.find_library("EGL") is None, reason="no EGL library for headless rendering")
+def test_videos_draw_the_reference_as_a_green_copy(task: ArmsTask, tmp_path: Path) -> None:
+    (tmp_path / "arms.xml").write_text(XML)
+    np.save(tmp_path / "poses.npy", task.motion.table.qpos[:2])
+    args = [str(tmp_path / name) for name in ("arms.xml", "poses.npy", "frames.npy")]
+    env = {**os.environ, "MUJOCO_GL": "egl"}
+    done = subprocess.run([sys.executable, "-c", RENDER_BOTH, *args], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    plain, with_reference = np.load(tmp_path / "frames.npy")
+    changed = np.any(plain != with_reference, axis=-1)
+    assert changed.sum() > 20
+    pixels = with_reference[changed].astype(float)
+    assert pixels[:, 1].mean() > pixels[:, 0].mean()  # greener than it was
 
 
 def test_what_cannot_apply_is_refused_in_one_line(clips: list[Path]) -> None:

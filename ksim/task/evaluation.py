@@ -56,13 +56,19 @@ class EvalResult(NamedTuple):
     speed_x: np.ndarray  # each episode's mean base world-x velocity, m/s
     fell: np.ndarray  # each episode ended by a termination
     command_error: np.ndarray | None  # each episode's mean velocity-tracking error, m/s; None without a command
-    qpos: np.ndarray
+    qpos: np.ndarray  # env 0's pose per control step (then, with a motion, the reference's: see `poses`)
     terrain_level: int | None = None  # the terrain level the episodes ran on; None without a terrain
     yaw_rate_error: np.ndarray | None = None  # each episode's mean |yaw rate - command|, rad/s; None without one
     drift: np.ndarray | None = None  # each episode's drift speed under a zero command (nan: none), m/s
     command_measures: dict[str, np.ndarray] | None = None  # each episode's mean of the command's own measures
     clip: np.ndarray | None = None  # a motion's clip that each episode played; None without a motion
     clip_names: tuple[str, ...] = ()
+
+    def poses(self, nq: int) -> tuple[np.ndarray, np.ndarray | None]:
+        """Env 0's recorded poses and, where its command had one, the reference's at each step."""
+        if self.qpos.shape[-1] == 2 * nq:
+            return self.qpos[:, :nq], self.qpos[:, nq:]
+        return self.qpos, None
 
 
 class StepMeasures(NamedTuple):
@@ -129,6 +135,11 @@ def make_eval_program(environment: Environment, terrain_column: int | None = Non
 
     step_all = jax.vmap(step_one, in_axes=(None, 0))
 
+    def reference_of(episode: Episode) -> Array:
+        """Env 0's reference pose (the command's; empty without one), logged after its own pose for videos."""
+        reference = None if command is None else command.reference_qpos(episode.command_state[0])
+        return jnp.zeros(0) if reference is None else reference
+
     def run_episodes(shared: Any, env_keys: Array, levels: Array) -> tuple[EpisodeStats, Array, Array]:
         num_envs = env_keys.shape[0]
         start = functools.partial(environment.start_episode, from_beginning=True)
@@ -139,7 +150,7 @@ def make_eval_program(environment: Environment, terrain_column: int | None = Non
             if terrain_column is not None:
                 columns = jnp.full(num_envs, terrain_column, jnp.int32)
             episode = jax.vmap(start)(env_keys, TerrainCells(level=levels, column=columns))
-        qpos_log = jnp.zeros((max_steps, episode.data.qpos.shape[-1]))
+        qpos_log = jnp.zeros((max_steps, episode.data.qpos.shape[-1] + reference_of(episode).shape[0]))
 
         def running_any(carry: tuple[Any, ...]) -> Array:
             t, _, _, running, _ = carry
@@ -147,7 +158,7 @@ def make_eval_program(environment: Environment, terrain_column: int | None = Non
 
         def body(carry: tuple[Any, ...]) -> tuple[Any, ...]:
             t, episode, stats, running, qpos_log = carry
-            qpos_log = qpos_log.at[t].set(episode.data.qpos[0])
+            qpos_log = qpos_log.at[t].set(jnp.concatenate([episode.data.qpos[0], reference_of(episode)]))
             episode, reward, terminated, truncated, measures = step_all(shared, episode)
             stats = EpisodeStats(
                 returns=stats.returns + jnp.where(running, reward, 0.0),
@@ -316,7 +327,8 @@ def report_evaluation(task_name: str, result: EvalResult, mj_model: mujoco.MjMod
     from ksim.render import write_video
 
     size = (config.video_width, config.video_height)
-    path = write_video(mj_model, result.qpos, config.ctrl_dt, config.video_path, size, config.geom_groups)
+    qpos, reference = result.poses(mj_model.nq)
+    path = write_video(mj_model, qpos, config.ctrl_dt, config.video_path, size, config.geom_groups, reference)
     print(f"wrote {path}", flush=True)
     return path
 

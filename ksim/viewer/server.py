@@ -28,6 +28,8 @@ PLOT_STEPS = 250  # control steps of reward history in the plot
 PANEL_UPDATE_S = 0.2  # the panel's numbers change at 5 Hz; the scene at every control step
 BAR_WIDTH = 12
 CAMERA_OFFSET = np.asarray([0.9, -1.6, 0.7])  # from the base, m: behind-right and above, as a robot video's camera
+REFERENCE_COLOR = (80, 200, 120)  # the reference pose's translucent copy of the robot
+REFERENCE_OPACITY = 0.35
 
 
 def value_bar(value: float, scale: float) -> str:
@@ -66,6 +68,39 @@ class SceneView:
         server.scene.add_light_hemisphere("/light/sky", sky_color=(255, 255, 255), ground_color=(80, 80, 90))
         server.scene.add_light_directional("/light/sun", intensity=1.5, position=(2.0, -2.0, 6.0))
         self.base_pos = np.zeros(3)
+        self.reference_handles: dict[int, viser.MeshHandle] = {}
+        self.reference_data = mujoco.MjData(mj_model)
+
+    def add_reference(self) -> None:
+        """A translucent copy of the robot's geoms, posed by `pose_reference`: the pose the command asks for."""
+        for geom in range(self.mj_model.ngeom):
+            mesh = geom_mesh(self.mj_model, geom)
+            if mesh is None or self.mj_model.geom_bodyid[geom] == 0 or geom_rgba(self.mj_model, geom)[3] == 0:
+                continue
+            self.reference_handles[geom] = self.server.scene.add_mesh_simple(
+                f"/world/reference/{geom}",
+                mesh.vertices,
+                mesh.faces,
+                color=REFERENCE_COLOR,
+                opacity=REFERENCE_OPACITY,
+                visible=int(self.mj_model.geom_group[geom]) in self.shown_groups,
+            )
+
+    def pose_reference(self, qpos: np.ndarray) -> None:
+        with self.server.atomic():
+            self._pose_handles(self.reference_handles, self.reference_data, qpos)
+
+    def _pose_handles(self, handles: dict[int, viser.MeshHandle], data: mujoco.MjData, qpos: np.ndarray) -> None:
+        """Moves `handles`' geoms to where `qpos` puts them (inside the caller's `atomic` block)."""
+        data.qpos[:] = qpos
+        mujoco.mj_kinematics(self.mj_model, data)
+        quat = np.zeros(4)
+        for geom, handle in handles.items():
+            if self.mj_model.geom_bodyid[geom] == 0:
+                continue  # world geoms never move
+            mujoco.mju_mat2Quat(quat, data.geom_xmat[geom])
+            handle.position = data.geom_xpos[geom].copy()
+            handle.wxyz = quat.copy()
 
     def _add_geom(self, geom: int) -> None:
         mesh = geom_mesh(self.mj_model, geom)
@@ -90,22 +125,14 @@ class SceneView:
 
     def show_group(self, group: int, shown: bool) -> None:
         self.shown_groups = (self.shown_groups | {group}) if shown else (self.shown_groups - {group})
-        for geom, handle in self.handles.items():
+        for geom, handle in (*self.handles.items(), *self.reference_handles.items()):
             if int(self.mj_model.geom_group[geom]) == group:
                 handle.visible = shown
 
     def pose(self, qpos: np.ndarray, base_body: int, keep_base_at: np.ndarray | None = None) -> None:
         """Moves every geom to where `qpos` puts it; with `keep_base_at`, shifts the scene to draw the base there."""
-        self.mj_data.qpos[:] = qpos
-        mujoco.mj_kinematics(self.mj_model, self.mj_data)
-        quat = np.zeros(4)
         with self.server.atomic():
-            for geom, handle in self.handles.items():
-                if self.mj_model.geom_bodyid[geom] == 0:
-                    continue  # world geoms never move
-                mujoco.mju_mat2Quat(quat, self.mj_data.geom_xmat[geom])
-                handle.position = self.mj_data.geom_xpos[geom].copy()
-                handle.wxyz = quat.copy()
+            self._pose_handles(self.handles, self.mj_data, qpos)
             self.base_pos = self.mj_data.xpos[base_body].copy()
             if keep_base_at is not None:  # else the shift stays: the robot walks off rather than jumping away
                 self.world.position = keep_base_at - self.base_pos
@@ -238,6 +265,9 @@ class Viewer:
         self.steps = 0
         self.resets = 0  # episodes restarted from the page
         self.scene.pose(sim.qpos, base_body)
+        if sim.reference_qpos is not None:
+            self.scene.add_reference()
+            self.scene.pose_reference(sim.reference_qpos)
         self.anchor = self.scene.base_pos  # where the base is drawn while following: the initial camera's aim
         self.server.initial_camera.look_at = self.anchor
         self.server.initial_camera.position = self.anchor + CAMERA_OFFSET
@@ -271,6 +301,9 @@ class Viewer:
         self.sim.held_command = self.panel.held_command()
         report = self.sim.step(deterministic=self.panel.deterministic.value)
         self._pose(report.qpos if report.ended_by is None else self.sim.qpos)
+        reference = report.reference_qpos if report.ended_by is None else self.sim.reference_qpos
+        if reference is not None and self.scene.reference_handles:
+            self.scene.pose_reference(reference)
         self._record(report)
         self.steps += 1
         return report

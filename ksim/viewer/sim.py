@@ -40,6 +40,7 @@ class StepReport:
     episode_return: float
     episode_length: int
     ended_by: str | None  # the termination that ended the episode, TIME_LIMIT, or None while it runs
+    reference_qpos: np.ndarray | None = None  # the pose the command asks for (a motion's frame); None: none
 
 
 def push_of(environment: Environment, max_velocity: tuple[float, float, float]) -> Push | None:
@@ -114,6 +115,10 @@ class ViewerSim:
             "terminated": trajectory.terminated,
             "truncated": trajectory.truncated,
         }
+        task_command = self.environment.components.command
+        reference = None if task_command is None else task_command.reference_qpos(stepped.command_state)
+        if reference is not None:
+            report["reference_qpos"] = reference
         return stepped, report
 
     def _push_one(self, episode: Episode, rng: Array) -> Episode:
@@ -136,6 +141,13 @@ class ViewerSim:
     @property
     def qpos(self) -> np.ndarray:
         return np.asarray(jax.device_get(self.episode.data.qpos))
+
+    @property
+    def reference_qpos(self) -> np.ndarray | None:
+        """The pose the command asks for now (a motion's frame); None without one."""
+        command = self.environment.components.command
+        reference = None if command is None else command.reference_qpos(self.episode.command_state)
+        return None if reference is None else np.asarray(jax.device_get(reference))
 
     def _started(self, key: Array) -> Episode:
         # Committed to the device like the step's outputs, so that the step sees one input signature and
@@ -180,6 +192,7 @@ class ViewerSim:
             episode_return=float(host["episode_return"]),
             episode_length=int(host["episode_length"]),
             ended_by=ended_by,
+            reference_qpos=np.asarray(host["reference_qpos"]) if "reference_qpos" in host else None,
         )
 
     def _ended_by(self, host: dict[str, Any]) -> str | None:
