@@ -4,7 +4,9 @@ Episodes start at a random frame of a clip from the reference's pose and velocit
 episodes have been failing, and end at the clip's end, or when the torso or a foot or hand leaves the reference's
 height or the torso tilts away from it (ksim.tracking; BeyondMimic's recipe). The actor reads the reference's next
 joint angles and velocities, the reference torso's orientation relative to the robot's, the pelvis gyro, the joint
-encoders and its last action; the critic also reads where the reference torso is and the robot's tracked bodies.
+encoders and its last action: what the robot measures (the torso's orientation from its IMU); the critic also reads
+where the reference torso is and the robot's tracked bodies. `mode=export` writes the clips beside the policy and
+the runtime plays them on its own clock (ksim.runtime).
 
     python -m examples.g1_tracking                       # motion=walk; also wave, high5, dance, jumpjack
     python -m examples.g1_tracking motion=all            # one policy for the five clips
@@ -86,7 +88,7 @@ class G1TrackingTask(DistributedPPOTask[G1TrackingConfig]):
     def get_observations(self) -> Sequence[obs.Observation]:
         return [
             trk.ReferenceJoints(self.motion),
-            trk.ReferenceAnchorOrientation(self.motion, noise=0.05),
+            trk.ReferenceAnchorOrientation(self.motion, sensor="torso_orientation", noise=0.05),
             obs.Sensor(sensor="pelvis_gyro", scale=0.25, noise=0.05),
             obs.JointPosition(offset="default", noise=0.01),
             obs.JointVelocity(scale=0.05, noise=0.05 * 0.5),
@@ -161,6 +163,7 @@ DEFAULT_CONFIG = G1TrackingConfig(
     eval_every_n_steps=100,
     eval_episodes=64,
     save_every_n_steps=100,
+    robot_inputs_only=True,
 )
 
 if __name__ == "__main__":

@@ -32,6 +32,10 @@ AFFINE = "affine"  # clip((reading[indices] - offset) * scale, -clip, clip)
 PROJECTED_GRAVITY = "projected_gravity"  # the world's (0, 0, -1) in the frame of the orientation reading
 GAIT_PHASE = "gait_phase"  # (sin, cos) of 2 pi t / period_s, t the time since the episode started
 LAST_ACTION = "last_action"  # the policy's previous action (zeros at an episode's first step)
+# A motion's (the command file beside the policy, played from the runtime's own clock: ksim.runtime):
+REFERENCE_JOINTS = "reference_joints"  # the next frame's joint angles, then velocities
+REFERENCE_ANCHOR_ORIENTATION = "reference_anchor_orientation"  # the next frame's anchor orientation in the frame of
+# the orientation reading (two columns of its rotation matrix), the motion turned to the robot's heading at the start
 
 # The readings a robot provides, by name, with their sizes where they are fixed.
 JOINT_POSITIONS = "joint_positions"  # rad or m, one per entry of `joints`, in that order
@@ -40,6 +44,7 @@ BASE_ORIENTATION = "base_orientation"  # quaternion (w, x, y, z) of the base (th
 BASE_ANGULAR_VELOCITY = "base_angular_velocity"  # rad/s in the base frame (the gyro)
 FOOT_CONTACTS = "foot_contacts"  # 1 or 0 per foot of `feet`
 COMMAND = "command"
+MOTION = "motion"  # a command's kind: the policy plays a motion file (its "file" beside the policy)
 SENSOR_PREFIX = "sensor:"  # "sensor:<MJCF sensor name>": that sensor's values
 # Readings only a simulator has (the caller of the runtime supplies them; sim-to-sim does).
 BASE_LINEAR_VELOCITY = "base_linear_velocity"  # m/s in the base frame
@@ -127,7 +132,8 @@ class PolicySpec:
     joints: list[str] = field(default_factory=list)  # the order of joint_positions and joint_velocities
     feet: list[str] = field(default_factory=list)  # the order of foot_contacts
     actuation: ActuationSpec | None = None
-    command: dict[str, Any] | None = None  # {"kind": "velocity", "size": 3, "forward": [lo, hi], ...} or None
+    # {"kind": "velocity", "size": 3, "forward": [lo, hi], ...}, {"kind": "motion", "size": N, "file": F, "clips": ...}
+    command: dict[str, Any] | None = None
     model_file: str = ""  # the MuJoCo model the policy was trained on (MJB), beside the policy
     episode_steps: int = 0
     task_class: str = ""  # "module:Class" of the task that trained it (sim-to-sim judges episodes with it)

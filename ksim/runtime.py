@@ -1,7 +1,7 @@
 """Runs an exported policy the way a robot runs it: raw readings in, actuator targets out; numpy and onnxruntime only.
 
     runtime = PolicyRuntime.load("policy.onnx")      # reads policy.json beside it
-    runtime.reset()                                  # at every episode's start
+    runtime.reset()                                  # at every episode's start (a motion: runtime.reset(clip="walk"))
     command = runtime.step({"joint_positions": q, "joint_velocities": qd, "base_orientation": quat, ...})
     command.targets, command.kp, command.kd          # or command.torque(q, qd)
 
@@ -9,6 +9,10 @@ Each control step builds the observation vector exactly as training did (ksim.po
 reading feeds it and the offset, scale, clip or transform), feeds the policy its memory (past frames, recurrent
 state) and keeps it, and turns the action into what the actuators take. `tests/test_runtime.py` drives the
 training environment and this runtime through the same states and checks both agree to float32 precision.
+
+A policy that tracks a motion plays it from `policy.motion.npz` beside it, one frame per control step from the frame
+`reset` names, its clock its own; the reference is turned about the vertical to the robot's heading at the first
+step (the robot's IMU knows no world heading), unless `reset(heading=0.0)` says the two frames already agree.
 
 A reading that is missing or has the wrong size raises RuntimeInputError naming it; a NaN in a reading (or in
 the policy's output) never reaches the robot: the runtime holds the previous targets (the default pose before
@@ -20,18 +24,22 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 
 from ksim.errors import ConfigError
+from ksim.motion import quat_conjugate, quat_multiply
 from ksim.policy_spec import (
     AFFINE,
     GAIT_PHASE,
     LAST_ACTION,
+    MOTION,
     PAST_OBSERVATIONS,
     PROJECTED_GRAVITY,
     RECURRENT_STATE,
+    REFERENCE_ANCHOR_ORIENTATION,
+    REFERENCE_JOINTS,
     ActuationSpec,
     PolicyInput,
     PolicySpec,
@@ -51,6 +59,66 @@ def rotate_inverse(quat: np.ndarray, vec: np.ndarray) -> np.ndarray:
     w, xyz = quat[0], quat[1:]
     t = F32(2.0) * np.cross(xyz, vec)
     return (vec - w * t + np.cross(xyz, t)).astype(F32)
+
+
+def rotate(quat: np.ndarray, vec: np.ndarray) -> np.ndarray:
+    """Rotates a vector from the frame of a (w, x, y, z) unit quaternion into the world frame."""
+    w, xyz = quat[0], quat[1:]
+    t = F32(2.0) * np.cross(xyz, vec)
+    return (vec + w * t + np.cross(xyz, t)).astype(F32)
+
+
+def rotation_6d(quat: np.ndarray) -> np.ndarray:
+    """The first two columns of a unit quaternion's rotation matrix (as ksim.engine.rotation_6d)."""
+    return np.concatenate([rotate(quat, np.eye(3, dtype=F32)[0]), rotate(quat, np.eye(3, dtype=F32)[1])])
+
+
+def heading_quat(quat: np.ndarray) -> np.ndarray:
+    """The rotation about the vertical of a unit quaternion's heading (as ksim.engine.yaw_quat)."""
+    w, x, y, z = quat
+    yaw = np.arctan2(2.0 * (w * z + x * y), 1.0 - 2.0 * (y * y + z * z))
+    return np.array([np.cos(yaw / 2), 0.0, 0.0, np.sin(yaw / 2)], F32)
+
+
+@dataclass(frozen=True)
+class MotionFile:
+    """A motion exported beside its policy (ksim.tracking.MotionCommand.robot_arrays)."""
+
+    joint_pos: np.ndarray  # (frames, joints)
+    joint_vel: np.ndarray
+    anchor_quat: np.ndarray  # (frames, 4): the anchor's world orientation (w, x, y, z)
+    clip_first: np.ndarray  # each clip's first frame
+    clip_names: tuple[str, ...]
+    last: np.ndarray  # each frame's clip's last frame
+
+    @classmethod
+    def load(cls, path: Path | BinaryIO) -> MotionFile:
+        with np.load(path) as data:
+            arrays = {key: np.asarray(data[key]) for key in data.files}
+        return cls(
+            arrays["joint_pos"].astype(F32),
+            arrays["joint_vel"].astype(F32),
+            arrays["anchor_quat"].astype(F32),
+            arrays["clip_first"].astype(np.int64),
+            tuple(str(name) for name in arrays["clip_names"]),
+            arrays["last"].astype(np.int64),
+        )
+
+    def start_frame(self, clip: int | str | None, frame: int | None) -> int:
+        """The frame an episode starts at: `frame` itself, or `clip`'s first (by name or index; default the first
+        clip's); ConfigError (one line) for one that is not there."""
+        if frame is not None:
+            if not 0 <= frame < len(self.last) or frame >= self.last[frame]:
+                raise ConfigError(f"frame={frame} must be a frame of the motion before its clip's last")
+            return int(frame)
+        index = 0 if clip is None else clip
+        if isinstance(index, str):
+            if index not in self.clip_names:
+                raise ConfigError(f"clip={index!r} must be one of the motion's clips: {', '.join(self.clip_names)}")
+            index = self.clip_names.index(index)
+        if not 0 <= index < len(self.clip_first):
+            raise ConfigError(f"clip={index} must be in [0, {len(self.clip_first)})")
+        return int(self.clip_first[index])
 
 
 @dataclass(frozen=True)
@@ -166,9 +234,10 @@ class ActuatorCommand:
 class PolicyRuntime:
     """An exported policy with its memory, stepped from raw readings (module docstring)."""
 
-    def __init__(self, spec: PolicySpec, session: Any) -> None:
+    def __init__(self, spec: PolicySpec, session: Any, motion: MotionFile | None = None) -> None:
         self.spec = spec
         self.session = session
+        self.motion = motion
         self.readings = spec.readings()
         self.inputs = [(item, self._compute(item)) for item in spec.inputs]
         self.actuation = require_actuation(spec)
@@ -188,14 +257,26 @@ class PolicyRuntime:
         session = ort.InferenceSession(
             str(json_path.parent / spec.onnx_file), options, providers=["CPUExecutionProvider"]
         )
-        return cls(spec, session)
+        command = spec.command or {}
+        motion = MotionFile.load(json_path.parent / command["file"]) if command.get("kind") == MOTION else None
+        return cls(spec, session, motion)
 
-    def reset(self) -> None:
-        """The next step is an episode's first: memory, last action and gait clock start again."""
+    def reset(self, clip: int | str | None = None, frame: int | None = None, heading: float | None = None) -> None:
+        """The next step is an episode's first: memory, last action and clock start again. A motion plays from
+        `clip`'s first frame (or from `frame`), turned to the robot's heading at the first step, or by `heading`
+        (rad) about the vertical."""
         self.steps = 0
         self.last_action = np.zeros(self.spec.action_size, F32)
         self.memory: dict[str, np.ndarray] = {}
         self.last_command: ActuatorCommand | None = None
+        self.motion_start = 0 if self.motion is None else self.motion.start_frame(clip, frame)
+        self.turn = None if heading is None else np.array([np.cos(heading / 2), 0, 0, np.sin(heading / 2)], F32)
+
+    @property
+    def motion_frame(self) -> int:
+        """The motion's frame the robot should reach by the end of this control step."""
+        assert self.motion is not None
+        return int(min(self.motion_start + self.steps + 1, self.motion.last[self.motion_start]))
 
     def observation(self, readings: Mapping[str, Any]) -> np.ndarray:
         """The policy's input vector for these readings at the current step (float32; nothing advances)."""
@@ -269,7 +350,28 @@ class PolicyRuntime:
             return phase
         if item.transform == LAST_ACTION:
             return lambda _: self.last_action
+        if item.transform == REFERENCE_JOINTS:
+            return lambda _: self._reference_joints()
+        if item.transform == REFERENCE_ANCHOR_ORIENTATION:
+            return self._reference_anchor_orientation
         raise ConfigError(f"policy.json: input {item.name!r} has transform {item.transform!r}, unknown to this ksim")
+
+    def _require_motion(self, item: str) -> MotionFile:
+        if self.motion is None:
+            raise ConfigError(f"policy.json: {item} reads a motion, but the policy's command is not one")
+        return self.motion
+
+    def _reference_joints(self) -> np.ndarray:
+        motion, frame = self._require_motion(REFERENCE_JOINTS), self.motion_frame
+        return np.concatenate([motion.joint_pos[frame], motion.joint_vel[frame]]).astype(F32)
+
+    def _reference_anchor_orientation(self, own: np.ndarray | None) -> np.ndarray:
+        motion = self._require_motion(REFERENCE_ANCHOR_ORIENTATION)
+        assert own is not None
+        if self.turn is None:  # the first step: the motion's heading becomes the robot's
+            self.turn = heading_quat(quat_multiply(own, quat_conjugate(motion.anchor_quat[self.motion_start])))
+        reference = quat_multiply(self.turn, motion.anchor_quat[self.motion_frame])
+        return rotation_6d(quat_multiply(quat_conjugate(own), reference).astype(F32))
 
     def _memory_at_step(self, name: str, shape: list[int], obs: np.ndarray) -> np.ndarray:
         if self.steps > 0:

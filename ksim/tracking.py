@@ -39,7 +39,15 @@ from ksim.engine import (
     yaw_quat,
 )
 from ksim.motion import DEFAULT_INPUT_FPS, Motion, load_motion, robot_joints
-from ksim.observations import Observation, simulator_only
+from ksim.observations import Observation, RobotContext, simulator_only
+from ksim.policy_spec import (
+    REFERENCE_ANCHOR_ORIENTATION,
+    REFERENCE_JOINTS,
+    ROBOT,
+    RUNTIME,
+    SENSOR_PREFIX,
+    PolicyInput,
+)
 from ksim.rewards import Reward
 from ksim.terminations import Termination
 
@@ -212,6 +220,21 @@ class MotionCommand(Command):
         hit = jax.nn.one_hot(jnp.asarray(self.table.frame_bin)[state], self.start_bins) * terminated
         return failures * (1.0 - ctrl_dt / self.failure_memory_s) + hit
 
+    def robot_arrays(self) -> dict[str, np.ndarray]:
+        """What a robot's runtime plays the motion from (ksim.runtime; numpy only): per frame the joints' angles and
+        velocities and the anchor's world orientation, each clip's first frame and name, each frame's clip's last."""
+        joints, bodies, values = self.num_joints, len(self.body_ids), self.table.values
+        quat = 2 * joints + 3 * bodies + 4 * self.anchor
+        return {
+            "fps": np.asarray(self.fps),
+            "joint_pos": values[:, :joints],
+            "joint_vel": values[:, joints : 2 * joints],
+            "anchor_quat": values[:, quat : quat + 4],
+            "clip_first": self.table.clip_first,
+            "clip_names": np.asarray(self.clip_names),
+            "last": self.table.last,
+        }
+
     def clip_of(self, frame: Array) -> Array:
         """The clip that `frame` belongs to."""
         return jnp.sum(frame >= jnp.asarray(self.table.clip_first)) - 1
@@ -365,7 +388,8 @@ class _Tracking:
 class ReferenceJoints(_Tracking, Observation):
     """The reference's joint angles and velocities (what the robot should reach by the end of the next step)."""
 
-    robot_input = simulator_only
+    def robot_input(self, size: int, robot: RobotContext) -> PolicyInput:
+        return PolicyInput(self.name, size, source=RUNTIME, transform=REFERENCE_JOINTS)
 
     def observe(self, ctx: StepContext) -> Array:
         reference = self.motion.reference(ctx.command)
@@ -374,14 +398,30 @@ class ReferenceJoints(_Tracking, Observation):
 
 @dataclass(frozen=True)
 class ReferenceAnchorOrientation(_Tracking, Observation):
-    """The reference anchor's orientation in the robot anchor's frame (6 values: two columns of its rotation)."""
+    """The reference anchor's orientation in the robot anchor's frame (6 values: two columns of its rotation). The
+    robot's anchor orientation is `sensor`'s (a framequat on the anchor: what the robot's IMU there measures), or
+    without one the anchor body's own (a simulator's)."""
 
-    robot_input = simulator_only
+    sensor: str = ""
+
+    def bind(self, layout: ModelLayout) -> Self:
+        if self.sensor:
+            _, size = layout.sensor(self.sensor, f"{self.name}.sensor")
+            if size != 4:
+                raise ConfigError(f"{self.name}.sensor={self.sensor!r} has {size} values; an orientation has 4")
+        return self
 
     def observe(self, ctx: StepContext) -> Array:
-        reference, robot = self.poses(ctx)
+        reference = self.motion.reference(ctx.command)
         a = self.motion.anchor
-        return rotation_6d(quat_multiply(quat_conjugate(robot.body_quat[a]), reference.body_quat[a]))
+        own = ctx.sensor(self.sensor) if self.sensor else self.motion.robot(ctx).body_quat[a]
+        return rotation_6d(quat_multiply(quat_conjugate(own), reference.body_quat[a]))
+
+    def robot_input(self, size: int, robot: RobotContext) -> PolicyInput:
+        if not self.sensor:
+            return simulator_only(self, size, robot)
+        reading = SENSOR_PREFIX + self.sensor
+        return PolicyInput(self.name, size, reading, 4, ROBOT, REFERENCE_ANCHOR_ORIENTATION)
 
 
 @dataclass(frozen=True)

@@ -18,8 +18,9 @@ import numpy as np
 import pytest
 from helpers import BLOCK_JAX, TINY, docs_observation
 
-from examples import cartpole, hopper, kbot, quadruped, spot, walking
+from examples import cartpole, g1_tracking, hopper, kbot, quadruped, spot, walking
 from ksim import observations as obs
+from ksim import tracking as trk
 from ksim.actuators import Actuators, PositionActuators, PositionServoActuators, TorqueActuators
 from ksim.config import ConfigError
 from ksim.deploy.onnx import export_policy
@@ -60,6 +61,11 @@ CASES: dict[str, tuple[type, Any, dict[str, Any]]] = {
         kbot.DEFAULT_CONFIG,
         {},
     ),
+    "G1 tracking every clip (the reference from the motion file at the runtime's clock)": (
+        g1_tracking.G1TrackingTask,
+        g1_tracking.DEFAULT_CONFIG,
+        {"motion": "all"},
+    ),
 }
 
 
@@ -86,7 +92,8 @@ def drive(task: Any, shared: Any) -> dict[str, np.ndarray]:
     episode = jax.jit(environment.start_episode)(jax.random.PRNGKey(2))
     step = jax.jit(functools.partial(environment.step_env, deterministic=True))
     ctrl = jax.jit(lambda action, data: environment.components.actuators.ctrl(action, data))
-    record: dict[str, list[np.ndarray]] = {key: [] for key in ("qpos", "qvel", "command", "obs", "action", "ctrl")}
+    keys = ("qpos", "qvel", "command", "command_state", "obs", "action", "ctrl")
+    record: dict[str, list[np.ndarray]] = {key: [] for key in keys}
     for _ in range(STEPS):
         before = episode
         episode, transition = step(shared, episode)
@@ -95,6 +102,7 @@ def drive(task: Any, shared: Any) -> dict[str, np.ndarray]:
             ("qpos", before.data.qpos),
             ("qvel", before.data.qvel),
             ("command", before.command),
+            ("command_state", before.command_state),
             ("obs", transition.trajectory.obs),
             ("action", action),
             ("ctrl", ctrl(action, before.data)),
@@ -124,7 +132,10 @@ def test_runtime_matches_training_on_the_same_states(case: str, tmp_path: Path) 
     qpos_index = [int(joint.qposadr[0]) for joint in actuated]
     qvel_index = [int(joint.dofadr[0]) for joint in actuated]
     assert runtime.spec.observation_size == task.environment.observation_dim
-    runtime.reset()
+    if runtime.motion is None:
+        runtime.reset()
+    else:  # the episode's first frame, in the simulator's world (no heading to align)
+        runtime.reset(frame=int(recorded["command_state"][0]), heading=0.0)
     for t in range(STEPS):
         data.qpos[:], data.qvel[:] = recorded["qpos"][t], recorded["qvel"][t]
         mujoco.mj_forward(model, data)
@@ -142,12 +153,13 @@ def test_runtime_matches_training_on_the_same_states(case: str, tmp_path: Path) 
 
 
 def observation_classes() -> list[type[obs.Observation]]:
-    """Every observation class ksim defines (ksim.observations), abstract and private ones left out."""
+    """Every observation class ksim defines (ksim.observations, ksim.tracking), abstract and private ones left out."""
     found, queue = [], list(obs.Observation.__subclasses__())
     while queue:
         cls = queue.pop()
         queue.extend(cls.__subclasses__())
-        if cls.__module__ == obs.__name__ and not cls.__name__.startswith("_") and not inspect.isabstract(cls):
+        ours = cls.__module__ in (obs.__name__, trk.__name__)
+        if ours and not cls.__name__.startswith("_") and not inspect.isabstract(cls):
             found.append(cls)
     return sorted(set(found), key=lambda cls: cls.__name__)
 

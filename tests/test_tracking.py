@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ctypes.util
 import dataclasses
+import io
 import os
 import subprocess
 import sys
@@ -27,7 +28,16 @@ from ksim.actuators import Actuators, PositionServoActuators
 from ksim.commands import Command
 from ksim.config import ConfigError
 from ksim.engine import StepContext
+from ksim.policy_spec import (
+    REFERENCE_ANCHOR_ORIENTATION,
+    REFERENCE_JOINTS,
+    RUNTIME,
+    ActuationSpec,
+    PolicyInput,
+    PolicySpec,
+)
 from ksim.resets import Reset
+from ksim.runtime import MotionFile, PolicyRuntime
 from ksim.task.evaluation import summary_scalars
 from ksim.task.ppo import PPOConfig, PPOTask
 from ksim.viewer.sim import ViewerSim
@@ -304,3 +314,39 @@ def test_g1_tracking_runs_every_clip_on_two_devices_and_reports_each(tmp_path: P
     (evaluation,) = [line for line in result.stdout.splitlines() if line.startswith("eval step 2")]
     assert "eval/success_rate" in evaluation and "eval/body_error_anchor" in evaluation
     assert "eval/walk/success_rate" in evaluation and "eval/jumpjack/joint_error" in evaluation
+
+
+def motion_runtime(motion: trk.MotionCommand) -> PolicyRuntime:
+    """A runtime whose policy reads only the motion: its next joints and its anchor's orientation (no ONNX run)."""
+    inputs = [
+        PolicyInput("ReferenceJoints", 4, source=RUNTIME, transform=REFERENCE_JOINTS),
+        PolicyInput("ReferenceAnchorOrientation", 6, "anchor", 4, transform=REFERENCE_ANCHOR_ORIENTATION),
+    ]
+    actuation = ActuationSpec("torque", ["a", "b"], ["left_shoulder", "right_shoulder"], 1.0, [1, 1], [-1, -1], [1, 1])
+    spec = PolicySpec("arms", "", inputs, ["a", "b"], "motor", "", 1.0, CTRL_DT, {}, actuation=actuation)
+    arrays = motion.robot_arrays()
+    with io.BytesIO() as buffer:
+        np.savez(buffer, **arrays)  # type: ignore[arg-type]
+        buffer.seek(0)
+        return PolicyRuntime(spec, None, MotionFile.load(buffer))  # type: ignore[arg-type]
+
+
+def test_the_runtime_plays_a_clip_on_its_own_clock_turned_to_the_robots_heading(clips: list[Path]) -> None:
+    motion = load(clips)
+    runtime = motion_runtime(motion)
+    runtime.reset(clip="raise")
+    assert runtime.motion_frame == 12  # the robot is at the clip's first frame (11): it is shown the next
+    joints = motion.table.values[12, :4]
+    level = np.array([1.0, 0.0, 0.0, 0.0], np.float32)
+    np.testing.assert_allclose(runtime.observation({"anchor": level})[:4], joints, atol=1e-6)
+    # A robot whose IMU reads another heading sees the motion turned to it: the same as a robot that agrees.
+    turned = np.array([np.cos(0.6), 0.0, 0.0, np.sin(0.6)], np.float32)
+    agreeing = runtime.observation({"anchor": level})
+    runtime.reset(clip="raise")
+    np.testing.assert_allclose(runtime.observation({"anchor": turned}), agreeing, atol=1e-6)
+    runtime.reset(clip="raise", heading=0.0)  # unless told the frames agree: then the turn is an error
+    assert np.abs(runtime.observation({"anchor": turned})[4:] - agreeing[4:]).max() > 0.5
+    with pytest.raises(ConfigError, match=r"clip='jump' must be one of the motion's clips: swing, raise"):
+        runtime.reset(clip="jump")
+    with pytest.raises(ConfigError, match=r"frame=10 must be a frame of the motion before its clip's last"):
+        runtime.reset(frame=10)

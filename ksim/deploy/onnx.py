@@ -19,6 +19,7 @@ from typing import Any
 
 import jax
 import mujoco
+import numpy as np
 
 from ksim.checkpoint import MEMORYLESS
 from ksim.config import ConfigError
@@ -111,7 +112,8 @@ def export_policy(
     task: dict[str, str] | None = None,
 ) -> tuple[Path, Path]:
     """Writes `policy` to `path` (.onnx) and its description to the JSON beside it (same name, .json); with
-    `robot` (the task's robot-side description), also the model it was trained on (same name, .mjb); `task`:
+    `robot` (the task's robot-side description), also the model it was trained on (same name, .mjb) and a motion
+    command's frames (same name, .motion.npz: the runtime plays them); `task`:
     its task_class, config_class and task_config (YAML), for sim-to-sim.
 
     `metadata` is what a checkpoint says about its writer (its task, observation layout, actions and the
@@ -119,13 +121,18 @@ def export_policy(
     """
     onnx_path = Path(path)
     json_path, model_path = onnx_path.with_suffix(".json"), onnx_path.with_suffix(".mjb")
+    motion_path = onnx_path.with_suffix(".motion.npz")
     spec = policy_spec(metadata, action_meaning, onnx_path.name, checkpoint)
     if robot is not None:
         spec = with_robot_side(spec, robot, model_path.name, task or {})
+        if robot.motion is not None and spec.command is not None:
+            spec = replace(spec, command={**spec.command, "file": motion_path.name})
     model = to_onnx_model(policy, spec)
     onnx_path.parent.mkdir(parents=True, exist_ok=True)
     onnx_path.write_bytes(model.SerializeToString())
     if robot is not None:
         mujoco.mj_saveModel(robot.mj_model, str(model_path), None)
+        if robot.motion is not None:
+            np.savez(motion_path, **robot.motion)  # type: ignore[arg-type]  # mypy matches them to allow_pickle
     json_path.write_text(spec.to_json() + "\n")
     return onnx_path, json_path

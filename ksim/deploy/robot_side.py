@@ -21,9 +21,11 @@ from ksim.config import ConfigError
 from ksim.engine import ModelLayout
 from ksim.policy_spec import (
     INPUT_PREFIX,
+    MOTION,
     ActuationSpec,
     PolicyInput,
 )
+from ksim.tracking import MotionCommand
 
 
 @dataclass(frozen=True)
@@ -40,6 +42,7 @@ class RobotSide:
     start_qpos: tuple[float, ...]
     foot_geoms: tuple[tuple[int, ...], ...]
     mj_model: mujoco.MjModel
+    motion: dict[str, np.ndarray] | None = None  # a motion command's frames, written beside the policy
 
 
 def encoder_joints(observations: Sequence[obs.Observation], layout: ModelLayout) -> tuple[int, ...]:
@@ -106,6 +109,7 @@ def describe_robot(
         tuple(float(q) for q in start_qpos),
         tuple(tuple(int(g) for g in geoms) for geoms in foot_geoms),
         mj_model,
+        command.robot_arrays() if isinstance(command, MotionCommand) else None,
     )
 
 
@@ -116,7 +120,9 @@ def describe_command(command: Command | None) -> dict[str, object] | None:
     if isinstance(command, VelocityCommand):
         fields = {f.name: getattr(command, f.name) for f in dataclasses.fields(command)}
         return {"kind": "velocity", "size": command.size, **{k: _jsonable(v) for k, v in fields.items()}}
-    return {"kind": type(command).__name__, "size": type(command).size}
+    if isinstance(command, MotionCommand):  # the file's name is the export's (ksim.deploy.onnx)
+        return {"kind": MOTION, "size": command.size, "file": "", "clips": list(command.clip_names)}
+    return {"kind": type(command).__name__, "size": command.size}
 
 
 def _jsonable(value: object) -> object:
