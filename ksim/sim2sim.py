@@ -34,6 +34,7 @@ from ksim.policy_spec import (
     FOOT_CONTACTS,
     JOINT_POSITIONS,
     JOINT_VELOCITIES,
+    MOTION,
     ROBOT,
     SENSOR_PREFIX,
     PolicySpec,
@@ -41,7 +42,7 @@ from ksim.policy_spec import (
 from ksim.runtime import PolicyRuntime
 
 if TYPE_CHECKING:
-    from ksim.task.replay import RecordedEpisode
+    from ksim.task.replay import RecordedEpisode, Start
 
 SOLVERS = {"newton": mujoco.mjtSolver.mjSOL_NEWTON, "cg": mujoco.mjtSolver.mjSOL_CG, "pgs": mujoco.mjtSolver.mjSOL_PGS}
 
@@ -71,7 +72,6 @@ def _sensor_on_base(model: mujoco.MjModel, kind: int, base: int) -> int | None:
     return None
 
 
-Start = tuple[np.ndarray, np.ndarray, np.ndarray]  # an episode's (qpos, qvel, first command)
 
 
 class MujocoReader:
@@ -162,13 +162,16 @@ class CommandSampler:
         self.spec, self.ctrl_dt, self.size = spec.command or {}, ctrl_dt, size
         if fixed is not None and len(fixed) != size:
             raise ConfigError(f"--command has {len(fixed)} values; the policy's command has {size}")
-        if fixed is None and size and self.spec.get("kind") != "velocity":
+        self.motion = self.spec.get("kind") == MOTION  # the runtime plays it: nothing to draw
+        if fixed is not None and self.motion:
+            raise ConfigError("--command: the policy plays a motion; it takes no command")
+        if fixed is None and size and self.spec.get("kind") not in ("velocity", MOTION):
             raise ConfigError(f"--command is needed: ksim.sim2sim cannot draw a {self.spec.get('kind')} command")
         self.fixed = None if fixed is None else np.asarray(fixed, np.float32)
 
     def draw(self, rng: np.random.Generator) -> tuple[np.ndarray, int]:
         """(a command, control steps until the next draw)."""
-        if self.fixed is not None or not self.size:
+        if self.fixed is not None or not self.size or self.motion:
             return (self.fixed if self.fixed is not None else np.zeros(0, np.float32)), -1
         ranges = np.asarray([self.spec["forward"], self.spec["lateral"], self.spec["yaw_rate"]], np.float64)
         value = rng.uniform(ranges[:, 0], ranges[:, 1])
@@ -215,8 +218,9 @@ class Sim2Sim:
         self.rng = np.random.default_rng(settings.seed)
 
     def run_episode(self, start: Start | None = None) -> RecordedEpisode:
-        """One episode from `start` (qpos, qvel, first command; default: the export's start pose and a drawn
-        command), `episode_steps` control steps long (judging ends it at its first termination)."""
+        """One episode from `start` (qpos, qvel, first command, its state; default: the export's start pose and a
+        drawn command), `episode_steps` control steps long or to its motion's last frame (judging ends it at its
+        first termination). A motion plays from the start's frame (default: its first clip's first)."""
         from ksim.task.replay import RecordedEpisode  # the task's judge's record; no JAX runs in the loop
 
         model, data, spec, settings = self.model, self.data, self.spec, self.settings
@@ -227,12 +231,20 @@ class Sim2Sim:
             data.qpos[:], data.qvel[:] = start[0], start[1]
             command = command if self.sampler.fixed is not None else np.asarray(start[2], np.float32)
         mujoco.mj_forward(model, data)
-        self.runtime.reset()
+        steps, frames = spec.episode_steps, None
+        motion = self.runtime.motion
+        if motion is None:
+            self.runtime.reset()
+        else:  # the simulator's world is the clip's: no heading to align
+            first = int(start[3]) if start is not None else motion.start_frame(None, None)
+            self.runtime.reset(frame=first, heading=0.0)
+            steps = min(steps, int(motion.last[first]) - first)
+            frames = np.arange(first, first + steps)
         # The policy reads what the sensors said `latency_steps` control steps ago (the oldest kept; at an
         # episode's start, its first readings).
         delayed: deque[dict[str, np.ndarray]] = deque(maxlen=settings.latency_steps + 1)
         qpos, qvel, actions, ctrls, commands = [data.qpos.copy()], [data.qvel.copy()], [], [], []
-        for _ in range(spec.episode_steps):
+        for _ in range(steps):
             delayed.append(self._noisy(self.reader.read(model, data, command)))
             out = self.runtime.step({**delayed[0], COMMAND: command})  # the command is not delayed
             for substep in range(self.substeps):
@@ -250,7 +262,10 @@ class Sim2Sim:
             until_draw -= 1
             if until_draw == 0:
                 command, until_draw = self.sampler.draw(self.rng)
-        return RecordedEpisode(*(np.asarray(x, np.float32) for x in (qpos, qvel, actions, ctrls, commands)))
+        qpos_a, qvel_a, action_a, ctrl_a, command_a = (
+            np.asarray(x, np.float32) for x in (qpos, qvel, actions, ctrls, commands)
+        )
+        return RecordedEpisode(qpos_a, qvel_a, action_a, ctrl_a, command_a, motion_frame=frames)
 
     def _noisy(self, readings: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         if self.settings.noise <= 0:

@@ -9,6 +9,7 @@ sensors sees those of `mj_forward` at the recorded state.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -19,6 +20,7 @@ import numpy as np
 
 from ksim.task.env import Environment, judge_step
 from ksim.task.evaluation import EvalResult, StepMeasures, mean_drift, step_measures, tracks_velocity
+from ksim.tracking import MotionCommand
 
 Array = jax.Array
 
@@ -31,15 +33,22 @@ class RecordedEpisode:
     qvel: np.ndarray  # (T + 1, nv)
     action: np.ndarray  # (T, nu): the policy's action at each step
     ctrl: np.ndarray  # (T, nu): the control of each step's last substep
-    command: np.ndarray  # (T, command size): the command the policy saw when it chose the action
+    command: np.ndarray  # (T, command size): the command the policy saw when it chose the action (a motion: (T, 0))
+    motion_frame: np.ndarray | None = None  # (T,): a motion's frame at each step; the judge makes its command values
 
 
-def draw_starts(environment: Environment, seed: int, count: int) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
-    """`count` episode starts as the task draws them (its resets and its first command): (qpos, qvel, command)."""
+Start = tuple[np.ndarray, np.ndarray, np.ndarray, int]  # an episode's (qpos, qvel, first command, command state)
+
+
+def draw_starts(environment: Environment, seed: int, count: int) -> list[Start]:
+    """`count` episode starts as the task's evaluation draws them (its resets, its first command and that command's
+    state: a motion's first frame)."""
     keys = jax.random.split(jax.random.PRNGKey(seed), count)
-    episodes = jax.jit(jax.vmap(environment.start_episode))(keys)
-    qpos, qvel, command = (np.asarray(x) for x in (episodes.data.qpos, episodes.data.qvel, episodes.command))
-    return [(qpos[i], qvel[i], command[i]) for i in range(count)]
+    start = functools.partial(environment.start_episode, from_beginning=True)
+    episodes = jax.jit(jax.vmap(start))(keys)
+    arrays = (episodes.data.qpos, episodes.data.qvel, episodes.command, episodes.command_state)
+    qpos, qvel, command, state = (np.asarray(x) for x in arrays)
+    return [(qpos[i], qvel[i], command[i], int(state[i])) for i in range(count)]
 
 
 def make_judge(environment: Environment) -> Callable[..., tuple[Array, Array, StepMeasures]]:
@@ -69,9 +78,14 @@ def make_judge(environment: Environment) -> Callable[..., tuple[Array, Array, St
 def judge_episodes(environment: Environment, episodes: Sequence[RecordedEpisode]) -> EvalResult:
     """The episodes as `mode=eval` reports them: each ends at its first termination (a fall) or its last step."""
     judge = make_judge(environment)
+    motion = environment.components.command
+    motion = motion if isinstance(motion, MotionCommand) else None
     returns, lengths, fell, measures, own = [], [], [], [], []
     for episode in episodes:
-        arrays = (episode.qpos, episode.qvel, episode.action, episode.ctrl, episode.command)
+        command = episode.command
+        if motion is not None and episode.motion_frame is not None:
+            command = np.asarray(jax.vmap(motion.value_at)(jnp.asarray(episode.motion_frame)))
+        arrays = (episode.qpos, episode.qvel, episode.action, episode.ctrl, command)
         reward, terminated, per_step = jax.device_get(judge(*(jnp.asarray(a, jnp.float32) for a in arrays)))
         ended = np.flatnonzero(terminated)
         length = int(ended[0]) + 1 if ended.size else len(reward)
@@ -98,4 +112,15 @@ def judge_episodes(environment: Environment, episodes: Sequence[RecordedEpisode]
         np.asarray([m.mean() for m in yaw_error]) if tracking else None,
         drift_speed,
         {name: np.asarray([m[name] for m in own]) for name in own[0]} if own and own[0] else None,
+        *motion_clips(motion, episodes),
     )
+
+
+def motion_clips(
+    motion: MotionCommand | None, episodes: Sequence[RecordedEpisode]
+) -> tuple[np.ndarray | None, tuple[str, ...]]:
+    """(the clip each episode played, the clips' names); (None, ()) without a motion."""
+    if motion is None or any(episode.motion_frame is None for episode in episodes):
+        return None, ()
+    first_frames = jnp.asarray([int(episode.motion_frame[0]) for episode in episodes])  # type: ignore[index]
+    return np.asarray(jax.vmap(motion.clip_of)(first_frames)), motion.clip_names
