@@ -72,8 +72,6 @@ def _sensor_on_base(model: mujoco.MjModel, kind: int, base: int) -> int | None:
     return None
 
 
-
-
 class MujocoReader:
     """The policy's readings from MuJoCo's state, as a robot's sensors would give them."""
 

@@ -16,7 +16,7 @@ from test_distributed import relative_error
 
 from ksim.checkpoint import save_checkpoint
 from ksim.config import ConfigError
-from ksim.learner.networks import ActorCritic
+from ksim.learner.networks import ActorCritic, Feedforward
 from ksim.learner.ppo_update import PPOBatch, ppo_minibatch_update
 from ksim.task.devices import put_sharded, shard_env_axis
 from ksim.task.ppo import critic_entries
@@ -69,7 +69,7 @@ def test_the_update_fits_the_estimator_to_its_targets() -> None:
     optimizer = optax.adam(1e-2)
     opt_state = optimizer.init(params)
     batch = synthetic_batch(jax.random.PRNGKey(3))
-    update = jax.jit(lambda p, s: ppo_minibatch_update(model, optimizer, LOSS, p, s, batch))
+    update = jax.jit(lambda p, s: ppo_minibatch_update(Feedforward(model), optimizer, LOSS, p, s, batch))
     losses = []
     for _ in range(300):
         params, opt_state, metrics = update(params, opt_state)
@@ -131,7 +131,7 @@ def test_training_teaches_the_estimator_what_the_critic_sees(trained: tuple) -> 
     shared = state.shared
     obs = task.normalize_obs(shared, trajectory.obs)
     target = task.critic_input(shared, trajectory.critic_obs, obs)[..., jnp.asarray(task.estimate_index)]
-    estimate = task.model.apply(shared.params, obs, method=ActorCritic.estimate)
+    estimate = task.model.estimate(shared.params, obs)
     assert task.estimate_index == (0,)  # TargetAtFirst, the critic's first observation
     explained = 1.0 - float(jnp.mean(jnp.square(estimate - target)) / jnp.var(target))
     assert explained > 0.9  # from inputs noised by 0.05, of a target whose deviation is 0.24

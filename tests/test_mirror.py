@@ -16,7 +16,7 @@ from examples.kbot import DEFAULT_CONFIG, KBotTask
 from ksim import observations as obs
 from ksim.config import ConfigError
 from ksim.engine import ModelLayout
-from ksim.learner.networks import ActorCritic
+from ksim.learner.networks import ActorCritic, Feedforward
 from ksim.learner.ppo_update import PPOBatch, ppo_loss
 from ksim.mirror import Mirror, MirrorContext, RobotGeometry, policy_mirror
 from ksim.task.ppo import PPOConfig
@@ -93,8 +93,8 @@ def test_the_symmetry_loss_is_the_mean_squared_distance_to_the_mirrored_action_a
     mirrored = plain.replace(mirror_obs=mirror_obs, mirror_target=target)
     config = PPOConfig(symmetry_coef=0.5)
 
-    loss, _ = ppo_loss(model, params, plain, config, zeros)
-    with_symmetry, metrics = ppo_loss(model, params, mirrored, config, zeros)
+    loss, _ = ppo_loss(Feedforward(model), params, plain, config, zeros)
+    with_symmetry, metrics = ppo_loss(Feedforward(model), params, mirrored, config, zeros)
 
     mirror_mean = np.asarray(model.apply(params, mirror_obs)[0])
     expected = np.mean((mirror_mean - np.asarray(target)) ** 2)

@@ -30,7 +30,7 @@ def test_actor_and_critic_use_the_configured_activation(activation: str) -> None
     task = CartpoleTask(cartpole_config(activation=activation, actor_hidden=[8, 8], critic_hidden=[8]))
     params = task.init_params(jax.random.PRNGKey(0))
     obs = np.asarray(jax.random.normal(jax.random.PRNGKey(1), (5, task.memory.input_size)) * 3.0)
-    mean, _, value = task.model.apply(params, jnp.asarray(obs))
+    mean, _, value, _ = task.model.replay(params, None, jnp.asarray(obs), jnp.asarray(obs), None)
     layers = params["params"]
     np.testing.assert_allclose(mean, mlp_by_hand(layers["actor"], obs, activation), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(value, mlp_by_hand(layers["critic"], obs, activation)[:, 0], rtol=1e-5, atol=1e-6)
@@ -41,5 +41,5 @@ def test_actor_and_critic_use_the_configured_activation(activation: str) -> None
 
 def test_a_recurrent_policy_builds_its_mlps_with_the_configured_activation() -> None:
     task = CartpoleTask(cartpole_config(activation="elu", recurrent_size=4))
-    bound = task.model.bind(task.init_params(jax.random.PRNGKey(0)))
+    bound = task.model.module.bind(task.init_params(jax.random.PRNGKey(0)))
     assert (bound.actor.activation, bound.critic.activation) == ("elu", "elu")

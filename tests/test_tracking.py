@@ -316,10 +316,8 @@ def test_g1_tracking_runs_every_clip_on_two_devices_and_reports_each(tmp_path: P
     assert "eval/walk/success_rate" in evaluation and "eval/jumpjack/joint_error" in evaluation
     # Exported with its clips and run by the runtime in plain MuJoCo, judged per clip as mode=eval judges it.
     checkpoint, policy = tmp_path / "checkpoints" / "ckpt_latest.bin", tmp_path / "policy.onnx"
-    exported = run_example(
-        "examples.g1_tracking", "mode=export", "motion=all", f"load_from_ckpt_path={checkpoint}", f"export_path={policy}",
-        devices=1,
-    )  # fmt: skip
+    export = ("mode=export", "motion=all", f"load_from_ckpt_path={checkpoint}", f"export_path={policy}")
+    exported = run_example("examples.g1_tracking", *export, devices=1)
     assert exported.returncode == 0, exported.stdout + exported.stderr
     assert (tmp_path / "policy.motion.npz").exists()
     judged = run_example("ksim.sim2sim", str(policy), "--episodes", "5", "--checkpoint", str(checkpoint), devices=1)

@@ -1,4 +1,5 @@
-"""Flax networks: an actor with a state-independent Gaussian head and a critic, MLPs or GRU + MLP.
+"""Flax networks: an actor with a state-independent Gaussian head and a critic, MLPs or GRU + MLP, and the one
+interface the learner uses them through (`PolicyNetwork`: `Feedforward`, `Recurrent`).
 
 `ActorCritic` is memoryless. `RecurrentActorCritic` puts a GRU of `recurrent_size` units in front of each
 MLP (observation -> GRU -> MLP): the actor and the critic each keep their own GRU state, stacked in one
@@ -7,11 +8,16 @@ carry of shape (..., 2, recurrent_size) (index 0: the actor's, 1: the critic's).
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, cast
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+
+from ksim.learner.memory import unroll
 
 Array = jax.Array
 ACTIVATIONS = {"tanh": nn.tanh, "elu": nn.elu, "silu": nn.silu, "relu": nn.relu}
@@ -112,6 +118,117 @@ class RecurrentActorCritic(nn.Module):
         """(the critic's next GRU state, value)."""
         critic_carry, features = self.critic_memory(critic_carry, critic_obs)
         return critic_carry, self.critic(features)[..., 0]
+
+
+class PolicyNetwork(ABC):
+    """The actor and the critic as the learner uses them, whichever networks they are. Every method takes the
+    per-env `carry` (..., 2, carry_size): the actor's and the critic's memory, (..., 2, 0) without one; inputs are
+    normalised, and `critic_obs` is the critic's own input or else the actor's."""
+
+    module: nn.Module
+
+    @property
+    def carry_size(self) -> int:
+        return 0
+
+    @abstractmethod
+    def init(self, rng: Array, obs: Array, critic_obs: Array) -> Any:
+        """Fresh parameters for inputs shaped like `obs` and `critic_obs` (a batch of one)."""
+
+    @abstractmethod
+    def act(self, params: Any, carry: Array, obs: Array, critic_obs: Array | None) -> tuple[Array, Array, Array]:
+        """One control step: (action mean, action log std, next carry). With `critic_obs` (a training rollout) a
+        critic with memory steps along, so that the update can replay both from the rollout's start."""
+
+    @abstractmethod
+    def replay(
+        self, params: Any, carry: Array | None, obs: Array, critic_obs: Array, starts: Array | None
+    ) -> tuple[Array, Array, Array, Array | None]:
+        """Time-major sequences (T, E, ...) from `carry` (E, 2, N), zeroed where `starts`: each step's (action mean,
+        action log std, value) and the carry after it. Without memory, steps in any layout (carry, starts: None)."""
+
+    @abstractmethod
+    def value_after(self, params: Any, carries: Array | None, critic_obs: Array) -> Array:
+        """The value of `critic_obs` one step after `carries` (a rollout's next states)."""
+
+    def action_mean(self, params: Any, obs: Array) -> Array:
+        """The action mean of memoryless inputs (the symmetry loss)."""
+        raise NotImplementedError(f"{type(self).__name__} has no memoryless action mean")
+
+    def estimate(self, params: Any, obs: Array) -> Array:
+        """The estimator's prediction from the actor's input (concurrent state estimation)."""
+        raise NotImplementedError(f"{type(self).__name__} has no estimator")
+
+
+@dataclass(frozen=True)
+class Feedforward(PolicyNetwork):
+    """MLPs (`ActorCritic`): no memory, every step at once."""
+
+    module: ActorCritic
+
+    def init(self, rng: Array, obs: Array, critic_obs: Array) -> Any:
+        return self.module.init(rng, obs, critic_obs)
+
+    def act(self, params: Any, carry: Array, obs: Array, critic_obs: Array | None) -> tuple[Array, Array, Array]:
+        mean, log_std = cast(tuple[Array, Array], self.module.apply(params, obs, method=ActorCritic.policy))
+        return mean, log_std, carry
+
+    def replay(
+        self, params: Any, carry: Array | None, obs: Array, critic_obs: Array, starts: Array | None
+    ) -> tuple[Array, Array, Array, Array | None]:
+        mean, log_std, value = cast(tuple[Array, Array, Array], self.module.apply(params, obs, critic_obs))
+        return mean, log_std, value, carry
+
+    def value_after(self, params: Any, carries: Array | None, critic_obs: Array) -> Array:
+        return cast(Array, self.module.apply(params, critic_obs, method=ActorCritic.value))
+
+    def action_mean(self, params: Any, obs: Array) -> Array:
+        return cast(tuple[Array, Array], self.module.apply(params, obs, method=ActorCritic.policy))[0]
+
+    def estimate(self, params: Any, obs: Array) -> Array:
+        return cast(Array, self.module.apply(params, obs, method=ActorCritic.estimate))
+
+
+@dataclass(frozen=True)
+class Recurrent(PolicyNetwork):
+    """GRUs in front of the MLPs (`RecurrentActorCritic`): replayed step by step from a rollout's first carry."""
+
+    module: RecurrentActorCritic
+
+    @property
+    def carry_size(self) -> int:
+        return self.module.recurrent_size
+
+    def init(self, rng: Array, obs: Array, critic_obs: Array) -> Any:
+        return self.module.init(rng, jnp.zeros((1, 2, self.carry_size)), obs, critic_obs)
+
+    def act(self, params: Any, carry: Array, obs: Array, critic_obs: Array | None) -> tuple[Array, Array, Array]:
+        module = self.module
+        actor_carry, mean, log_std = cast(
+            tuple[Array, Array, Array],
+            module.apply(params, carry[..., ACTOR, :], obs, method=RecurrentActorCritic.policy),
+        )
+        critic_carry = carry[..., CRITIC, :]
+        if critic_obs is not None:
+            critic_carry, _ = module.apply(params, critic_carry, critic_obs, method=RecurrentActorCritic.value)
+        return mean, log_std, jnp.stack([actor_carry, critic_carry], axis=-2)
+
+    def replay(
+        self, params: Any, carry: Array | None, obs: Array, critic_obs: Array, starts: Array | None
+    ) -> tuple[Array, Array, Array, Array | None]:
+        assert carry is not None and starts is not None, "a recurrent replay starts from a carry and knows the starts"
+
+        def step(carry: Array, obs: Array, critic_obs: Array) -> tuple[Array, Array, Array, Array]:
+            return cast(tuple[Array, Array, Array, Array], self.module.apply(params, carry, obs, critic_obs))
+
+        return unroll(step, carry, obs, critic_obs, starts)
+
+    def value_after(self, params: Any, carries: Array | None, critic_obs: Array) -> Array:
+        assert carries is not None
+        method = RecurrentActorCritic.value
+        return cast(tuple[Array, Array], self.module.apply(params, carries[..., CRITIC, :], critic_obs, method=method))[
+            1
+        ]
 
 
 def gaussian_log_prob(action: Array, mean: Array, log_std: Array) -> Array:

@@ -8,16 +8,14 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol, cast
+from typing import Any, Protocol
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import optax
 from flax import struct
 
-from ksim.learner.memory import unroll
-from ksim.learner.networks import RecurrentActorCritic, gaussian_entropy, gaussian_log_prob
+from ksim.learner.networks import PolicyNetwork, gaussian_entropy, gaussian_log_prob
 
 Array = jax.Array
 Metrics = dict[str, Array]
@@ -78,30 +76,24 @@ def compute_gae(
     return advantage, advantage + value
 
 
-def network_outputs(model: nn.Module, params: Any, batch: PPOBatch) -> tuple[Array, Array, Array]:
-    """(action mean, action log std, value) of every step of the batch's env-major trajectories; a recurrent
-    model replays each from its recorded carry (truncated backpropagation through the rollout)."""
-    if isinstance(model, RecurrentActorCritic):
-        assert batch.carry is not None and batch.starts is not None, "a recurrent batch records carry and starts"
-        critic_obs = batch.obs if batch.critic_obs is None else batch.critic_obs
-        time_major = [jnp.swapaxes(x, 0, 1) for x in (batch.obs, critic_obs, batch.starts)]
-
-        def step(carry: Array, obs: Array, critic_obs: Array) -> tuple[Array, Array, Array, Array]:
-            return cast(tuple[Array, Array, Array, Array], model.apply(params, carry, obs, critic_obs))
-
-        mean, log_std, value, _ = unroll(step, batch.carry, *time_major)
-        return jnp.swapaxes(mean, 0, 1), jnp.swapaxes(log_std, 0, 1), jnp.swapaxes(value, 0, 1)
-    if batch.critic_obs is None:
-        return cast(tuple[Array, Array, Array], model.apply(params, batch.obs))
-    return cast(tuple[Array, Array, Array], model.apply(params, batch.obs, batch.critic_obs))
+def network_outputs(network: PolicyNetwork, params: Any, batch: PPOBatch) -> tuple[Array, Array, Array]:
+    """(action mean, action log std, value) of every step of the batch's env-major trajectories; a network with
+    memory replays each from its recorded carry (truncated backpropagation through the rollout)."""
+    critic_obs = batch.obs if batch.critic_obs is None else batch.critic_obs
+    if batch.carry is None:  # no memory: the steps at once, in the batch's own layout
+        mean, log_std, value, _ = network.replay(params, None, batch.obs, critic_obs, None)
+        return mean, log_std, value
+    time_major = [None if x is None else jnp.swapaxes(x, 0, 1) for x in (batch.obs, critic_obs, batch.starts)]
+    mean, log_std, value, _ = network.replay(params, batch.carry, *time_major)  # type: ignore[arg-type]
+    return jnp.swapaxes(mean, 0, 1), jnp.swapaxes(log_std, 0, 1), jnp.swapaxes(value, 0, 1)
 
 
 def ppo_loss(
-    model: nn.Module, params: Any, batch: PPOBatch, config: LossSettings, advantage: Array
+    network: PolicyNetwork, params: Any, batch: PPOBatch, config: LossSettings, advantage: Array
 ) -> tuple[Array, Metrics]:
     """Clipped surrogate + clipped value loss - entropy bonus (+ the symmetry loss where the batch has mirror
     images, + the estimator's mean squared error where it has estimate targets), on one minibatch."""
-    mean, log_std, value = network_outputs(model, params, batch)
+    mean, log_std, value = network_outputs(network, params, batch)
     log_ratio = gaussian_log_prob(batch.action, mean, log_std) - batch.log_prob
     ratio = jnp.exp(log_ratio)
     clipped_ratio = jnp.clip(ratio, 1.0 - config.clip_eps, 1.0 + config.clip_eps)
@@ -125,12 +117,12 @@ def ppo_loss(
         kl = gaussian_kl(batch.mean, batch.log_std, mean, log_std)
         metrics["kl"] = jax.lax.stop_gradient(jnp.mean(kl))
     if batch.mirror_obs is not None and batch.mirror_target is not None:
-        symmetry = symmetry_loss(model, params, batch.mirror_obs, batch.mirror_target)
+        symmetry = symmetry_loss(network, params, batch.mirror_obs, batch.mirror_target)
         metrics["symmetry_loss"] = symmetry
         loss = loss + config.symmetry_coef * symmetry
         metrics["loss"] = loss
     if batch.estimate_target is not None:
-        estimate = cast(Array, model.apply(params, batch.obs, method="estimate"))
+        estimate = network.estimate(params, batch.obs)
         estimator_loss = jnp.mean(jnp.square(estimate - batch.estimate_target))
         metrics["estimator_loss"] = estimator_loss
         loss = loss + config.estimator_coef * estimator_loss
@@ -138,11 +130,10 @@ def ppo_loss(
     return loss, metrics
 
 
-def symmetry_loss(model: nn.Module, params: Any, mirror_obs: Array, mirror_target: Array) -> Array:
+def symmetry_loss(network: PolicyNetwork, params: Any, mirror_obs: Array, mirror_target: Array) -> Array:
     """rsl_rl's mirror loss: the mean squared distance between the action mean on mirrored inputs and the mirror
     image of the rollout's action mean."""
-    mirror_mean, _ = cast(tuple[Array, Array], model.apply(params, mirror_obs, method="policy"))
-    return jnp.mean(jnp.square(mirror_mean - mirror_target))
+    return jnp.mean(jnp.square(network.action_mean(params, mirror_obs) - mirror_target))
 
 
 def gaussian_kl(mean: Array, log_std: Array, new_mean: Array, new_log_std: Array) -> Array:
@@ -216,7 +207,7 @@ class UpdateHooks:
 
 
 def ppo_minibatch_update(
-    model: nn.Module,
+    network: PolicyNetwork,
     optimizer: optax.GradientTransformation,
     config: LossSettings,
     params: Any,
@@ -229,7 +220,7 @@ def ppo_minibatch_update(
     metrics)` may change first from this minibatch's metrics. Returns the new params, optimizer state and
     metrics."""
     advantage = hooks.normalize_advantage(minibatch.advantage)
-    grads, metrics = jax.grad(lambda p: ppo_loss(model, p, minibatch, config, advantage), has_aux=True)(params)
+    grads, metrics = jax.grad(lambda p: ppo_loss(network, p, minibatch, config, advantage), has_aux=True)(params)
     metrics["local_grad_norm"] = optax.tree.norm(grads)
     grads = hooks.sync_gradients(grads)
     if hooks.adapt_optimizer is not None:
@@ -241,7 +232,7 @@ def ppo_minibatch_update(
 
 
 def ppo_epochs(
-    model: nn.Module,
+    network: PolicyNetwork,
     optimizer: optax.GradientTransformation,
     config: LossSettings,
     params: Any,
@@ -260,7 +251,9 @@ def ppo_epochs(
 
     def minibatch_step(carry: tuple[Any, Any], minibatch: PPOBatch) -> tuple[tuple[Any, Any], Metrics]:
         params, opt_state = carry
-        params, opt_state, metrics = ppo_minibatch_update(model, optimizer, config, params, opt_state, minibatch, hooks)
+        params, opt_state, metrics = ppo_minibatch_update(
+            network, optimizer, config, params, opt_state, minibatch, hooks
+        )
         return (params, opt_state), metrics
 
     def epoch(carry: tuple[Any, Any], key: Array) -> tuple[tuple[Any, Any], Metrics]:

@@ -6,17 +6,24 @@ import dataclasses
 import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import optax
 import xax
 
 from ksim.config import ConfigError, require_choice, require_non_negative, require_positive
-from ksim.learner.memory import PolicyMemory, PolicyState, episode_starts, unroll
-from ksim.learner.networks import ACTIVATIONS, ACTOR, CRITIC, ActorCritic, RecurrentActorCritic, gaussian_log_prob
+from ksim.learner.memory import PolicyMemory, PolicyState, episode_starts
+from ksim.learner.networks import (
+    ACTIVATIONS,
+    ActorCritic,
+    Feedforward,
+    PolicyNetwork,
+    Recurrent,
+    RecurrentActorCritic,
+    gaussian_log_prob,
+)
 from ksim.learner.ppo_update import (
     PPOBatch,
     UpdateHooks,
@@ -197,26 +204,30 @@ class PPOTask(RLTask[PPOConfigT]):
         names = self.config.estimated_observations
         return critic_entries(self.environment.critic_observation_layout(), names) if names else ()
 
-    def get_model(self) -> nn.Module:
+    def get_model(self) -> PolicyNetwork:
         config = self.config
         actor_hidden, critic_hidden = tuple(config.actor_hidden), tuple(config.critic_hidden)
         if self.recurrent:
-            return RecurrentActorCritic(
+            return Recurrent(
+                RecurrentActorCritic(
+                    self.engine.action_dim,
+                    config.recurrent_size,
+                    actor_hidden,
+                    critic_hidden,
+                    config.init_log_std,
+                    config.activation,
+                )
+            )
+        return Feedforward(
+            ActorCritic(
                 self.engine.action_dim,
-                config.recurrent_size,
                 actor_hidden,
                 critic_hidden,
                 config.init_log_std,
+                len(self.estimate_index),
+                tuple(config.estimator_hidden),
                 config.activation,
             )
-        return ActorCritic(
-            self.engine.action_dim,
-            actor_hidden,
-            critic_hidden,
-            config.init_log_std,
-            len(self.estimate_index),
-            tuple(config.estimator_hidden),
-            config.activation,
         )
 
     def init_params(self, rng: Array) -> Any:
@@ -224,10 +235,6 @@ class PPOTask(RLTask[PPOConfigT]):
         critic_obs = (
             jnp.zeros((1, self.environment.critic_observation_dim)) if self.critic_observations is not None else obs
         )
-        if self.recurrent:
-            return self.model.init(rng, jnp.zeros((1, 2, self.config.recurrent_size)), obs, critic_obs)
-        if self.critic_observations is None:
-            return self.model.init(rng, obs)
         return self.model.init(rng, obs, critic_obs)
 
     def get_optimizer(self) -> optax.GradientTransformation:
@@ -350,22 +357,10 @@ class PPOTask(RLTask[PPOConfigT]):
         memory = self.memory
         network_input = memory.network_input(state, obs, first)
         normalized = self.normalize_obs(shared, network_input)
-        carry = state.carry
-        if self.recurrent:
-            model = self.model
-            actor_carry, mean, log_std = cast(
-                tuple[Array, Array, Array],
-                model.apply(shared.params, carry[..., ACTOR, :], normalized, method=RecurrentActorCritic.policy),
-            )
-            critic_carry = carry[..., CRITIC, :]
-            if not deterministic:
-                critic_in = self.critic_input(shared, critic_obs, normalized)
-                critic_carry, _ = model.apply(shared.params, critic_carry, critic_in, method=RecurrentActorCritic.value)
-            carry = jnp.stack([actor_carry, critic_carry], axis=-2)
-        else:
-            mean, log_std = cast(
-                tuple[Array, Array], self.model.apply(shared.params, normalized, method=ActorCritic.policy)
-            )
+        # In training rollouts a critic with memory steps along (the update replays it from the rollout's start).
+        steps_critic = self.model.carry_size > 0 and not deterministic
+        critic_in = self.critic_input(shared, critic_obs, normalized) if steps_critic else None
+        mean, log_std, carry = self.model.act(shared.params, state.carry, normalized, critic_in)
         action = mean if deterministic else mean + jnp.exp(log_std) * jax.random.normal(rng, mean.shape)
         next_state = PolicyState(past_frames=memory.past_frames(network_input), carry=carry)
         return PolicyOutput(action, gaussian_log_prob(action, mean, log_std), next_state, network_input, state.carry)
@@ -381,24 +376,10 @@ class PPOTask(RLTask[PPOConfigT]):
         next_obs = self.normalize_obs(shared, self.memory.next_input(trajectory.obs, trajectory.next_obs))
         critic_obs = self.critic_input(shared, trajectory.critic_obs, obs)
         next_critic_obs = self.critic_input(shared, trajectory.next_critic_obs, next_obs)
-        if self.recurrent:
-            starts = episode_starts(trajectory.terminated | trajectory.truncated)
-
-            def step(carry: Array, obs: Array, critic_obs: Array) -> tuple[Array, Array, Array, Array]:
-                return cast(tuple[Array, Array, Array, Array], self.model.apply(params, carry, obs, critic_obs))
-
-            mean, log_std, value, carries = unroll(step, trajectory.carry[0], obs, critic_obs, starts)
-            # The next state's value continues the same episode: one more critic step from the carry after t.
-            _, next_value = self.model.apply(
-                params, carries[..., CRITIC, :], next_critic_obs, method=RecurrentActorCritic.value
-            )
-            return mean, log_std, value, cast(Array, next_value)
-        if self.critic_observations is None:
-            mean, log_std, value = cast(tuple[Array, Array, Array], self.model.apply(params, obs))
-        else:
-            mean, log_std, value = cast(tuple[Array, Array, Array], self.model.apply(params, obs, critic_obs))
-        next_value = cast(Array, self.model.apply(params, next_critic_obs, method=ActorCritic.value))
-        return mean, log_std, value, next_value
+        starts = episode_starts(trajectory.terminated | trajectory.truncated)
+        mean, log_std, value, carries = self.model.replay(params, trajectory.carry[0], obs, critic_obs, starts)
+        # The next state's value continues the same episode: from the carry after step t where there is memory.
+        return mean, log_std, value, self.model.value_after(params, carries, next_critic_obs)
 
     def prepare_batch(self, shared: SharedState, trajectory: Trajectory) -> PPOBatch:
         """Log-probs, values and GAE under the rollout's params, reordered env-major."""
@@ -430,7 +411,7 @@ class PPOTask(RLTask[PPOConfigT]):
             advantage=advantage,
             returns=returns,
             critic_obs=critic_obs,
-            starts=episode_starts(done) if self.recurrent else None,
+            starts=episode_starts(done) if self.model.carry_size else None,
             mean=mean if adaptive else None,
             log_std=log_std if adaptive else None,
             mirror_obs=None if mirror is None else self.normalize_obs(shared, mirror.observation(trajectory.obs)),
@@ -438,7 +419,7 @@ class PPOTask(RLTask[PPOConfigT]):
             estimate_target=critic_obs[..., estimated] if self.estimate_index and critic_obs is not None else None,
         )
         batch = jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), batch)
-        return batch.replace(carry=trajectory.carry[0] if self.recurrent else None)
+        return batch.replace(carry=trajectory.carry[0] if self.model.carry_size else None)
 
     def normalize_advantage(self, advantage: Array) -> Array:
         """Standardises with the whole minibatch's statistics (over every device's part of it)."""

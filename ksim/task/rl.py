@@ -17,7 +17,6 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import mujoco
@@ -29,6 +28,7 @@ from ksim.commands import Command
 from ksim.config import ConfigError, require_choice, require_divisible, require_non_negative, require_positive
 from ksim.engine import PhysicsEngine, substeps_divide
 from ksim.events import Event
+from ksim.learner.networks import PolicyNetwork
 from ksim.learner.normalization import fold_batch, scale_by_return_std
 from ksim.observations import Observation
 from ksim.physics import PHYSICS_IMPLS, create_engine
@@ -185,7 +185,8 @@ class RLTask(ABC, Generic[ConfigT]):
         """Built from `self.engine.mj_model` (and `self.engine.default_qpos` for PD control)."""
 
     @abstractmethod
-    def get_model(self) -> nn.Module: ...
+    def get_model(self) -> PolicyNetwork:
+        """The policy's networks behind the learner's interface (ksim.learner.networks)."""
 
     @abstractmethod
     def get_optimizer(self) -> optax.GradientTransformation: ...
