@@ -80,7 +80,8 @@ class ViewerSim:
 
     @functools.cached_property
     def _start(self) -> Any:
-        return jax.jit(self.environment.start_episode)
+        # Episodes start as the evaluation's do (a motion from its clip's first frame).
+        return jax.jit(functools.partial(self.environment.start_episode, from_beginning=True))
 
     @functools.cached_property
     def _step(self) -> Any:
