@@ -29,11 +29,11 @@ def render_frames(
     geom_groups: Sequence[int] = VISIBLE_BY_DEFAULT,
     reference: np.ndarray | None = None,
 ) -> list[np.ndarray]:
-    """One RGB frame per recorded qpos, from the model's `track` camera when it has one; with `reference` (a qpos per
-    frame), a translucent copy of the robot in that pose beside it."""
+    """One RGB frame per recorded qpos, from the model's `track` camera when it has one (else one that follows its
+    first body); with `reference` (a qpos per frame), a translucent copy of the robot in that pose beside it."""
     data, ghost = mujoco.MjData(mj_model), mujoco.MjData(mj_model)
     option = scene_option(geom_groups)
-    camera = "track" if mujoco.mj_name2id(mj_model, mujoco.mjtObj.mjOBJ_CAMERA, "track") >= 0 else -1
+    camera = "track" if mujoco.mj_name2id(mj_model, mujoco.mjtObj.mjOBJ_CAMERA, "track") >= 0 else following(mj_model)
     frames = []
     with mujoco.Renderer(mj_model, height=height, width=width) as renderer:
         for index, pose in enumerate(qpos):
@@ -45,6 +45,17 @@ def render_frames(
                 add_ghost(mj_model, ghost, option, renderer.scene)
             frames.append(renderer.render().copy())
     return frames
+
+
+def following(mj_model: mujoco.MjModel) -> mujoco.MjvCamera:
+    """A camera that follows the model's first body from the side and a little above, as far off as MuJoCo's own
+    free camera starts."""
+    camera = mujoco.MjvCamera()
+    mujoco.mjv_defaultFreeCamera(mj_model, camera)
+    camera.type = mujoco.mjtCamera.mjCAMERA_TRACKING
+    camera.trackbodyid = 1 if mj_model.nbody > 1 else 0
+    camera.azimuth, camera.elevation = 135.0, -15.0
+    return camera
 
 
 def add_ghost(mj_model: mujoco.MjModel, data: mujoco.MjData, option: mujoco.MjvOption, scene: mujoco.MjvScene) -> None:

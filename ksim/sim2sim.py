@@ -355,7 +355,10 @@ def main(argv: Sequence[str] | None = None) -> list[str]:
         if settings.video:
             from ksim.render import write_video
 
-            print(f"wrote {write_video(sim.model, episodes[0].qpos, sim.spec.ctrl_dt, settings.video)}", flush=True)
+            first = episodes[0]
+            reference = reference_poses(task, first)
+            path = write_video(sim.model, first.qpos, sim.spec.ctrl_dt, settings.video, reference=reference)
+            print(f"wrote {path}", flush=True)
         lines = judged_lines(task, episodes, args.checkpoint)
     except ConfigError as error:
         print(f"error: {error}", file=sys.stderr)
@@ -363,6 +366,15 @@ def main(argv: Sequence[str] | None = None) -> list[str]:
     for line in lines:
         print(line, flush=True)
     return lines
+
+
+def reference_poses(task: Any, episode: RecordedEpisode) -> np.ndarray | None:
+    """The pose the task's command asked for at each recorded state (a motion's frames); None where it asks none."""
+    command = task.environment.components.command
+    if command is None or episode.motion_frame is None:
+        return None
+    frames = np.append(episode.motion_frame, episode.motion_frame[-1] + 1)  # one per recorded state, the start first
+    return np.stack([np.asarray(command.reference_qpos(int(frame))) for frame in frames])
 
 
 def draw_starts(environment: Any, seed: int, count: int) -> list[Start]:

@@ -319,7 +319,7 @@ def test_g1_tracking_runs_every_clip_on_two_devices_and_reports_each(tmp_path: P
     export = ("mode=export", "motion=all", f"load_from_ckpt_path={checkpoint}", f"export_path={policy}")
     exported = run_example("examples.g1_tracking", *export, devices=1)
     assert exported.returncode == 0, exported.stdout + exported.stderr
-    assert (tmp_path / "policy.motion.npz").exists()
+    assert f"and {tmp_path / 'policy.motion.npz'}" in exported.stdout and (tmp_path / "policy.motion.npz").exists()
     judged = run_example("ksim.sim2sim", str(policy), "--episodes", "5", "--checkpoint", str(checkpoint), devices=1)
     assert judged.returncode == 0, judged.stdout + judged.stderr
     lines = [line for line in judged.stdout.splitlines() if line.startswith(("sim2sim   ", "mode=eval "))]

@@ -112,5 +112,8 @@ def run(task: RLTask[Any]) -> Path:
     )
     if note:
         print(note, flush=True)
-    print(f"wrote {onnx_path}, {json_path} and {onnx_path.with_suffix('.mjb')}", flush=True)
+    written = [onnx_path, json_path, onnx_path.with_suffix(".mjb")]
+    if robot.motion is not None:
+        written.append(onnx_path.with_suffix(".motion.npz"))
+    print(f"wrote {', '.join(map(str, written[:-1]))} and {written[-1]}", flush=True)
     return onnx_path
