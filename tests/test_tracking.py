@@ -198,6 +198,39 @@ def test_an_episode_plays_its_clip_one_frame_per_step_and_ends_at_its_last(task:
         assert not bool(transition.trajectory.terminated)
 
 
+@dataclasses.dataclass(frozen=True)
+class SwingPeak(term.Termination):
+    """Ends an episode where the reference's left arm slows near 0.45-0.5 rad: the swing clip's peak (its frames 9
+    and 10; the raise clip passes there fast)."""
+
+    motion: trk.MotionCommand
+
+    def terminated(self, ctx: StepContext) -> jax.Array:
+        reference = self.motion.reference(ctx.command)
+        angle, speed = reference.joint_pos[0], jnp.abs(reference.joint_vel[0])
+        return (angle > 0.45) & (angle < 0.5) & (speed < 3.0)
+
+
+class FailingArmsTask(ArmsTask):
+    def get_terminations(self) -> Sequence[term.Termination]:
+        return [SwingPeak(self.motion)]
+
+
+def test_envs_count_their_failures_and_start_more_episodes_before_them(task: ArmsTask) -> None:
+    failing = FailingArmsTask(dataclasses.replace(task.config, num_envs=16))
+    pool, shared = failing.env_pool, failing.init_train_state().shared
+    env = pool.reset(jax.random.split(jax.random.PRNGKey(0), 16), jnp.asarray(0))
+    env, trajectory, _ = jax.jit(lambda env: pool.rollout(shared, env, 200))(env)
+    failures = np.asarray(env.start_failures).sum(axis=0)
+    assert int(np.asarray(trajectory.terminated).sum()) > 0
+    assert failures[1] > 0 and np.all(np.delete(failures, 1) == 0)  # every failure in the swing's second bin
+    starts = jax.vmap(lambda key: failing.motion.start(key, CTRL_DT, jnp.asarray(failures), False)[1])(
+        jax.random.split(jax.random.PRNGKey(1), 2000)
+    )
+    in_swing = np.asarray(starts) < 10
+    assert in_swing.mean() > 0.85  # 0.9 of the starts go to the failing bin and the one before it, 0.1 spread
+
+
 def on_reference(task: ArmsTask, frame: int, shift: np.ndarray, yaw: float) -> StepContext:
     """A context whose robot is the reference's pose at `frame` + 1, moved by `shift` and turned by `yaw`."""
     motion, engine = task.motion, task.environment.engine
