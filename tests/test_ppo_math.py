@@ -8,7 +8,7 @@ import optax
 import pytest
 
 from ksim.learner.memory import episode_starts, unroll
-from ksim.learner.networks import ActorCritic, RecurrentActorCritic, gaussian_entropy, gaussian_log_prob
+from ksim.learner.networks import ActorCritic, Feedforward, RecurrentActorCritic, gaussian_entropy, gaussian_log_prob
 from ksim.learner.ppo_update import PPOBatch, compute_gae, ppo_loss, ppo_minibatch_update
 from ksim.task.ppo import PPOConfig
 
@@ -87,7 +87,7 @@ def test_ppo_loss_matches_numpy_reference(value_clip_eps: float) -> None:
         jnp.asarray(returns),
     )
 
-    loss, metrics = ppo_loss(model, params, batch, config, jnp.asarray(advantage))
+    loss, metrics = ppo_loss(Feedforward(model), params, batch, config, jnp.asarray(advantage))
 
     ratio = np.exp(numpy_log_prob(action, mean, log_std) - old_log_prob)
     surrogate = np.minimum(ratio * advantage, np.clip(ratio, 0.8, 1.2) * advantage)
@@ -132,9 +132,10 @@ def test_minibatch_update_needs_no_task_and_lowers_the_loss() -> None:
     params = model.init(jax.random.PRNGKey(0), jnp.asarray(obs))
     batch = random_batch(model, params, obs, rng)
     optimizer = optax.sgd(1e-2)
-    new_params, _, metrics = ppo_minibatch_update(model, optimizer, config, params, optimizer.init(params), batch)
-    before, _ = ppo_loss(model, params, batch, config, batch.advantage)
-    after, _ = ppo_loss(model, new_params, batch, config, batch.advantage)
+    network = Feedforward(model)
+    new_params, _, metrics = ppo_minibatch_update(network, optimizer, config, params, optimizer.init(params), batch)
+    before, _ = ppo_loss(network, params, batch, config, batch.advantage)
+    after, _ = ppo_loss(network, new_params, batch, config, batch.advantage)
     np.testing.assert_allclose(metrics["loss"], before, rtol=1e-6)
     assert float(after) < float(before) and float(metrics["local_grad_norm"]) > 0
 
