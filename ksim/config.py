@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import sys
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
@@ -40,9 +39,9 @@ def require_divisible(numerator_name: str, numerator: int, denominator: int, den
         raise ConfigError(f"{numerator_name}={numerator} is not divisible by {denominator_desc}")
 
 
-def help_text(config: object) -> str:
-    """One line per field: name, type, default and the field's help metadata."""
-    lines = [f"Settings of {type(config).__name__} (override with key=value):"]
+def help_text(config: object, title: str = "") -> str:
+    """One line per field: name, type, default and the field's help metadata, under `title`."""
+    lines = [title or f"Settings of {type(config).__name__} (override with key=value):"]
     for field in dataclasses.fields(config):  # type: ignore[arg-type]
         type_name = getattr(field.type, "__name__", str(field.type))
         default = getattr(config, field.name)
@@ -76,15 +75,6 @@ def _empty_string(config: object, arg: str) -> str:
     key, value = arg.split("=", 1)
     fields = {field.name: field.type for field in dataclasses.fields(config)}  # type: ignore[arg-type]
     return f"{key}=''" if value == "" and fields.get(key) in (str, "str") else arg
-
-
-def parse_command_line(config: ConfigT, argv: Sequence[str] | None = None) -> ConfigT:
-    """Parses the process arguments; prints help and exits on `--help`."""
-    args = list(sys.argv[1:] if argv is None else argv)
-    if "--help" in args or "-h" in args:
-        print(help_text(config))
-        raise SystemExit(0)
-    return parse_overrides(config, args)
 
 
 def preset_from_command_line(

@@ -13,6 +13,8 @@ from ksim.config import ConfigError
 from ksim.geom_mesh import NUM_GEOM_GROUPS
 
 VIEWER_EXTRA = "pip install 'ksim[viewer]'"
+# the modes that draw the model (eval's video, view) take `geom_groups`
+GEOM_GROUPS_HELP = "MuJoCo geom groups (0-5) drawn, or shown at first (MuJoCo's own default: 0, 1 and 2)."
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,9 @@ import pytest
 from helpers import DistributedCartpoleTask, cartpole_config, distributed_cartpole_config
 
 from examples.cartpole import DEFAULT_CONFIG, CartpoleTask
-from ksim.config import ConfigError, help_text, parse_command_line, parse_overrides
+from ksim.config import ConfigError, help_text, parse_overrides
 from ksim.modes import check as check_mode
+from ksim.modes import split_arguments
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -29,7 +30,6 @@ ROOT = Path(__file__).resolve().parents[1]
         ({"mode": "eval"}, "mode='eval' needs load_from_ckpt_path"),
         ({"gamma": 1.5}, "gamma=1.5 must be in [0, 1]"),
         ({"learning_rate": 0.0}, "learning_rate=0.0 must be positive"),
-        ({"video_path": "out.avi"}, "video_path='out.avi' must end in .mp4 or .gif"),
         ({"episode_length_steps": 100}, "set exactly one of episode_length_s=10.0 and episode_length_steps=100"),
         ({"episode_length_s": None}, "set exactly one of episode_length_s=None and episode_length_steps=None"),
         ({"episode_length_s": None, "episode_length_steps": 0}, "episode_length_steps=0 must be positive"),
@@ -107,15 +107,32 @@ def test_overrides_parse_and_type_check() -> None:
         parse_overrides(DEFAULT_CONFIG, ["num_envs"])
 
 
-def test_help_lists_every_field_with_its_help(capsys: pytest.CaptureFixture[str]) -> None:
+def test_help_lists_every_field_with_its_help_then_each_modes_own(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_info:
-        parse_command_line(DEFAULT_CONFIG, ["--help"])
+        CartpoleTask.launch(DEFAULT_CONFIG, ["--help"])
     assert exit_info.value.code == 0
     out = capsys.readouterr().out
-    assert out == help_text(DEFAULT_CONFIG) + "\n"
+    assert out.startswith(help_text(DEFAULT_CONFIG) + "\n\nSettings of mode=eval (override with key=value):\n")
     assert "num_envs: int = 64" in out
     assert "Environments per minibatch" in out
     assert "clip_eps: float = 0.2" in out
+    assert "video_path: str = ''" in out and "export_path: str = ''" in out and "view_port: int = 8080" in out
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["mode=eval", "load_from_ckpt_path=c.bin", "video_path=out.avi"], "video_path='out.avi' must end in .mp4"),
+        (["mode=eval", "load_from_ckpt_path=c.bin", "video_width=0"], "video_width=0 must be positive"),
+        (["mode=eval", "load_from_ckpt_path=c.bin", "geom_groups=[0,7]"], "geom_groups=[0, 7] may hold only"),
+        (["video_path=run.gif"], "video_path is a setting of mode=eval, not of mode=train"),
+        (["mode=eval", "load_from_ckpt_path=c.bin", "video_pth=a.gif"], "unknown setting 'video_pth'"),
+    ],
+)
+def test_a_modes_own_settings_follow_its_rules_and_no_other_mode_takes_them(args: list[str], message: str) -> None:
+    with pytest.raises(ConfigError) as error:
+        check_mode(*split_arguments(DEFAULT_CONFIG, args))
+    assert str(error.value).startswith(message)
 
 
 def test_command_line_error_exits_before_writing_anything(tmp_path: Path) -> None:

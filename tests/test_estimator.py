@@ -18,6 +18,7 @@ from ksim.checkpoint import save_checkpoint
 from ksim.config import ConfigError
 from ksim.learner.networks import ActorCritic, Feedforward
 from ksim.learner.ppo_update import PPOBatch, ppo_minibatch_update
+from ksim.modes import export
 from ksim.task.devices import put_sharded, shard_env_axis
 from ksim.task.ppo import critic_entries
 from ksim.task.run_checkpoints import checkpoint_contents
@@ -140,10 +141,8 @@ def test_training_teaches_the_estimator_what_the_critic_sees(trained: tuple) -> 
 def test_the_exported_policy_runs_the_estimator_as_ksim_does(trained: tuple, tmp_path: Path) -> None:
     task, _, ckpt = trained
     onnx_path = tmp_path / "policy.onnx"
-    exporter = MemoryTask(
-        memory_config(**ESTIMATING, mode="export", load_from_ckpt_path=str(ckpt), export_path=str(onnx_path))
-    )
-    assert exporter.run() == onnx_path
+    exporter = MemoryTask(memory_config(**ESTIMATING, mode="export", load_from_ckpt_path=str(ckpt)))
+    assert exporter.run(export.Settings(export_path=str(onnx_path))) == onnx_path
     shared = exporter.checkpoints.load(ckpt)["shared"]
     observations = np.linspace(-1.0, 1.0, 7, dtype=np.float32)[:, None]
     state = jax.tree.map(lambda leaf: jnp.broadcast_to(leaf, (7, *leaf.shape)), task.initial_policy_state())

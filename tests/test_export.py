@@ -18,6 +18,7 @@ from examples.cartpole import CartpoleTask
 from ksim.config import ConfigError
 from ksim.deploy.onnx import load_policy_spec
 from ksim.modes import check as check_mode
+from ksim.modes import export, split_arguments
 from ksim.modes.export import exported_policy
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -30,8 +31,8 @@ def exported(tmp_path_factory: pytest.TempPathFactory) -> tuple[CartpoleTask, di
     CartpoleTask(cartpole_config(run_dir=str(run_dir))).run()
     ckpt = str(run_dir / "checkpoints" / "ckpt_latest.bin")
     onnx_path = run_dir / "export" / "policy.onnx"
-    task = CartpoleTask(cartpole_config(mode="export", load_from_ckpt_path=ckpt, export_path=str(onnx_path)))
-    assert task.run() == onnx_path
+    task = CartpoleTask(cartpole_config(mode="export", load_from_ckpt_path=ckpt))
+    assert task.run(export.Settings(export_path=str(onnx_path))) == onnx_path
     return task, task.checkpoints.load(ckpt), onnx_path
 
 
@@ -66,10 +67,8 @@ def test_an_elu_policy_exports_to_the_same_actions(tmp_path: Path, recorded_obse
     """ONNX has its own Elu: the export of an `activation='elu'` policy computes what JAX computes."""
     CartpoleTask(cartpole_config(run_dir=str(tmp_path), activation="elu")).run()
     ckpt, onnx_path = str(tmp_path / "checkpoints" / "ckpt_latest.bin"), tmp_path / "policy.onnx"
-    task = CartpoleTask(
-        cartpole_config(mode="export", load_from_ckpt_path=ckpt, export_path=str(onnx_path), activation="elu")
-    )
-    task.run()
+    task = CartpoleTask(cartpole_config(mode="export", load_from_ckpt_path=ckpt, activation="elu"))
+    task.run(export.Settings(export_path=str(onnx_path)))
     (onnx_actions,) = ort.InferenceSession(str(onnx_path)).run(
         ["action"], {"observation": recorded_observations.astype(np.float32)}
     )
@@ -167,21 +166,20 @@ def test_load_policy_spec_refuses_other_files(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("overrides", "message"),
+    ("args", "message"),
     [
-        ({"mode": "export", "export_path": "policy.onnx"}, "mode='export' needs load_from_ckpt_path=<checkpoint file>"),
-        ({"mode": "export", "load_from_ckpt_path": "ckpt.bin"}, "mode='export' needs export_path=<file>.onnx"),
+        (["mode=export", "export_path=policy.onnx"], "mode='export' needs load_from_ckpt_path=<checkpoint file>"),
+        (["mode=export", "load_from_ckpt_path=ckpt.bin"], "mode='export' needs export_path=<file>.onnx"),
         (
-            {"mode": "export", "load_from_ckpt_path": "ckpt.bin", "export_path": "policy.pt"},
+            ["mode=export", "load_from_ckpt_path=ckpt.bin", "export_path=policy.pt"],
             "export_path='policy.pt' must end in .onnx",
         ),
+        (["export_path=policy.onnx"], "export_path is a setting of mode=export, not of mode=train"),
     ],
 )
-def test_bad_export_settings_fail_before_anything_is_built(overrides: dict, message: str) -> None:
-    config = cartpole_config(**overrides)
+def test_bad_export_settings_fail_before_anything_is_built(args: list[str], message: str) -> None:
     with pytest.raises(ConfigError) as error:
-        check_mode(config)  # the mode's rules, then validate_config: both before the engine or a compile
-        CartpoleTask(config)
+        check_mode(*split_arguments(cartpole_config(), args))  # as launch does, before the task is built
     assert str(error.value) == message
 
 

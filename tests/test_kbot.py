@@ -105,7 +105,7 @@ def test_kbot_trains_on_two_devices_and_its_checkpoint_serves_eval_export_and_vi
     assert len(returns) == 4 and "yaw_rate_error" in line and "command_error" in line
 
     policy = tmp_path / "policy.onnx"
-    export.run(KBotTask(dataclasses.replace(config, mode="export", export_path=str(policy))))
+    export.run(KBotTask(dataclasses.replace(config, mode="export")), export.Settings(export_path=str(policy)))
     spec = load_policy_spec(policy.with_suffix(".json"))
     assert spec.simulator_inputs == [] and len(spec.joints) == 20  # robot_inputs_only: the actor reads sensors
     assert {"sensor:imu_site_quat", "sensor:imu_gyro", "command"} <= set(spec.readings())

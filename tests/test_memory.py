@@ -22,6 +22,7 @@ from ksim.checkpoint import save_checkpoint
 from ksim.config import ConfigError
 from ksim.deploy.onnx import load_policy_spec
 from ksim.learner.ppo_update import PPOBatch, ppo_loss, ppo_minibatch_update
+from ksim.modes import export
 from ksim.task.devices import put_sharded, shard_env_axis
 from ksim.task.run_checkpoints import checkpoint_contents
 from ksim.task.types import SharedState, Trajectory
@@ -226,10 +227,8 @@ def exported(tmp_path_factory: pytest.TempPathFactory) -> tuple[MemoryTask, Shar
     contents = checkpoint_contents(shared, jax.random.PRNGKey(0), 0, 0)
     ckpt = save_checkpoint(directory / "ckpt.bin", contents, writer.checkpoints.metadata)
     onnx_path = directory / "policy.onnx"
-    exporter = MemoryTask(
-        memory_config(**settings, mode="export", load_from_ckpt_path=str(ckpt), export_path=str(onnx_path))
-    )
-    assert exporter.run() == onnx_path
+    exporter = MemoryTask(memory_config(**settings, mode="export", load_from_ckpt_path=str(ckpt)))
+    assert exporter.run(export.Settings(export_path=str(onnx_path))) == onnx_path
     return exporter, shared, onnx_path
 
 

@@ -14,6 +14,7 @@ from test_distributed import relative_error
 
 from ksim.checkpoint import save_checkpoint
 from ksim.config import ConfigError
+from ksim.modes import export
 from ksim.modes.view import view_shared
 from ksim.task.run_checkpoints import checkpoint_contents
 from ksim.task.types import SharedState, TrainState
@@ -93,12 +94,8 @@ def test_evaluation_runs_the_average(averaging: tuple) -> None:
 def test_the_export_is_the_averaged_policy(averaging: tuple, checkpoint: Path, tmp_path: Path) -> None:
     task, state, _ = averaging
     onnx_path = tmp_path / "policy.onnx"
-    exporter = MemoryTask(
-        memory_config(
-            policy_average_decay=DECAY, mode="export", load_from_ckpt_path=str(checkpoint), export_path=str(onnx_path)
-        )
-    )
-    assert exporter.run() == onnx_path
+    exporter = MemoryTask(memory_config(policy_average_decay=DECAY, mode="export", load_from_ckpt_path=str(checkpoint)))
+    assert exporter.run(export.Settings(export_path=str(onnx_path))) == onnx_path
     observations = np.linspace(-1.0, 1.0, 7, dtype=np.float32)[:, None]
     policy_state = jax.tree.map(lambda leaf: jnp.broadcast_to(leaf, (7, *leaf.shape)), task.initial_policy_state())
     inputs = (jnp.asarray(observations), jnp.zeros((7, 1)), jnp.ones(7, bool), jax.random.PRNGKey(0))

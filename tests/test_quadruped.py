@@ -19,7 +19,7 @@ import pytest
 from examples.quadruped import DEFAULT_CONFIG, FEET, KD, KP, QuadrupedTask, terrain_config
 from ksim import observations as obs
 from ksim import rewards as rew
-from ksim.config import ConfigError, parse_command_line
+from ksim.config import ConfigError, parse_overrides
 from ksim.engine import load_mujoco_model
 from ksim.physics import create_engine
 
@@ -148,8 +148,8 @@ def test_rough_quadruped_climbs_the_curriculum(tmp_path: Path) -> None:
 
 def test_terrain_rough_on_the_command_line_trains_1500_steps_unless_told() -> None:
     assert terrain_config([]).num_steps == DEFAULT_CONFIG.num_steps != 1500
-    rough = parse_command_line(terrain_config(["terrain=rough"]), ["terrain=rough"])
+    rough = parse_overrides(terrain_config(["terrain=rough"]), ["terrain=rough"])
     assert (rough.terrain, rough.num_steps) == ("rough", 1500)
-    told = parse_command_line(terrain_config(["num_steps=200", "terrain=rough"]), ["num_steps=200", "terrain=rough"])
+    told = parse_overrides(terrain_config(["num_steps=200", "terrain=rough"]), ["num_steps=200", "terrain=rough"])
     assert (told.terrain, told.num_steps) == ("rough", 200)
-    assert parse_command_line(terrain_config(["terrain=flat"]), ["terrain=flat"]).num_steps == DEFAULT_CONFIG.num_steps
+    assert parse_overrides(terrain_config(["terrain=flat"]), ["terrain=flat"]).num_steps == DEFAULT_CONFIG.num_steps

@@ -26,6 +26,7 @@ from ksim import terminations as term
 from ksim.actuators import Actuators, TorqueActuators
 from ksim.engine import ModelLayout
 from ksim.geom_mesh import box_mesh, capsule_mesh, cylinder_mesh, geom_mesh
+from ksim.modes.view import Settings as ViewMode
 from ksim.modes.view import make_viewer
 from ksim.resets import Reset
 from ksim.task.ppo import PPOConfig, PPOTask
@@ -59,8 +60,8 @@ def wait_for(condition: Callable[[], Any], what: str, timeout_s: float = PAGE_TI
 @pytest.fixture(scope="module")
 def viewer() -> Iterator[Any]:
     """The cartpole's initial policy in a viewer, stepping on a thread (one compile for the module)."""
-    task = CartpoleTask(cartpole_config(mode="view", view_port=free_port()))
-    viewer = make_viewer(task)
+    task = CartpoleTask(cartpole_config(mode="view"))
+    viewer = make_viewer(task, ViewMode(view_port=free_port()))
     viewer.panel.speed.value = 0.25  # fewer scene updates for the browser's software WebGL to draw
     stop = threading.Event()
     thread = threading.Thread(target=viewer.run, args=(stop,), daemon=True)
@@ -236,9 +237,8 @@ def test_camera_following_the_base_keeps_a_moving_robot_in_view(tmp_path: Path) 
         dt=0.01,
         episode_length_s=100.0,
         mode="view",
-        view_port=free_port(),
     )
-    view = make_viewer(GliderTask(config))
+    view = make_viewer(GliderTask(config), ViewMode(view_port=free_port()))
     view.panel.playing.value = False
     stop = threading.Event()
     thread = threading.Thread(target=view.run, args=(stop,), daemon=True)

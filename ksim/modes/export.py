@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+import xax
 from omegaconf import OmegaConf
 
 from ksim.config import ConfigError
@@ -22,11 +24,18 @@ from ksim.task.types import RLConfig, SharedState
 Array = jax.Array
 
 
-def check(config: RLConfig) -> None:
+@dataclass
+class Settings:
+    export_path: str = xax.field("", help="Write the deterministic policy to this .onnx file.")
+
+
+def check(config: RLConfig, settings: Settings) -> None:
     if not config.load_from_ckpt_path:
         raise ConfigError("mode='export' needs load_from_ckpt_path=<checkpoint file>")
-    if not config.export_path:
+    if not settings.export_path:
         raise ConfigError("mode='export' needs export_path=<file>.onnx")
+    if not settings.export_path.endswith(".onnx"):
+        raise ConfigError(f"export_path={settings.export_path!r} must end in .onnx")
 
 
 def exported_policy(task: RLTask[Any], shared: SharedState) -> Callable[..., tuple[Array, ...]]:
@@ -93,9 +102,11 @@ def simulator_inputs_line(robot: RobotSide, refuse: bool) -> str:
     return f"note: only a simulator knows {named}; ksim.runtime needs these readings from its caller"
 
 
-def run(task: RLTask[Any]) -> Path:
+def run(task: RLTask[Any], settings: Settings | None = None) -> Path:
     """Writes the checkpoint's deterministic policy to export_path (ONNX), a JSON beside it saying how a robot
     runs it, and the model it was trained on (MJB)."""
+    settings = settings or Settings()
+    check(task.config, settings)
     checkpoint = task.config.load_from_ckpt_path
     robot = robot_side(task)
     note = simulator_inputs_line(robot, task.config.robot_inputs_only)
@@ -105,10 +116,10 @@ def run(task: RLTask[Any]) -> Path:
         exported_policy(task, shared),
         task.checkpoints.metadata,
         doc[0] if doc else "",
-        task.config.export_path,
+        settings.export_path,
         checkpoint,
         robot,
-        task_identity(task, Path(task.config.export_path).parent),
+        task_identity(task, Path(settings.export_path).parent),
     )
     if note:
         print(note, flush=True)

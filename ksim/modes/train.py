@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +18,13 @@ from ksim.task.types import RLConfig, TrainState
 from ksim.wandb_logging import start_wandb
 
 
-def check(config: RLConfig) -> None:
+@dataclass
+class Settings:
     """Training has no settings of its own beyond the task's."""
+
+
+def check(config: RLConfig, settings: Settings) -> None:
+    """Training has no rules of its own beyond the task's."""
 
 
 def make_run_dir(task_name: str, config: RLConfig) -> Path:
@@ -29,7 +35,7 @@ def make_run_dir(task_name: str, config: RLConfig) -> Path:
     return run_dir
 
 
-def run(task: RLTask[Any]) -> TrainState:
+def run(task: RLTask[Any], settings: Settings | None = None) -> TrainState:
     """Trains (resuming from load_from_ckpt_path if set); process 0 logs, saves and draws the learning curve."""
     config = task.config
     resume = (

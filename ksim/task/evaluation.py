@@ -11,12 +11,10 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import mujoco
 import numpy as np
 from flax import struct
 
@@ -24,7 +22,7 @@ from ksim.commands import Command, VelocityCommand
 from ksim.engine import StepContext
 from ksim.rewards import linear_velocity_error, yaw_rate_error
 from ksim.task.env import Environment
-from ksim.task.types import Episode, RLConfig, Trajectory
+from ksim.task.types import Episode, Trajectory
 from ksim.terrain import TerrainCells
 from ksim.tracking import MotionCommand
 
@@ -317,20 +315,6 @@ def mean_drift(drift_sum: np.ndarray, standing_steps: np.ndarray) -> np.ndarray:
     with np.errstate(invalid="ignore", divide="ignore"):
         speed = np.linalg.norm(drift_sum, axis=-1) / np.maximum(standing_steps, 1)
         return np.where(standing_steps > 0, speed, np.nan)
-
-
-def report_evaluation(task_name: str, result: EvalResult, mj_model: mujoco.MjModel, config: RLConfig) -> Path | None:
-    """What `mode=eval` shows: the summary line, and env 0's first episode as a video with video_path (its path)."""
-    print(eval_line(task_name, result), flush=True)
-    if not config.video_path:
-        return None
-    from ksim.render import write_video
-
-    size = (config.video_width, config.video_height)
-    qpos, reference = result.poses(mj_model.nq)
-    path = write_video(mj_model, qpos, config.ctrl_dt, config.video_path, size, config.geom_groups, reference)
-    print(f"wrote {path}", flush=True)
-    return path
 
 
 def eval_line(task_name: str, result: EvalResult) -> str:

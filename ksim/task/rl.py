@@ -54,7 +54,6 @@ from ksim.task.types import (
 )
 from ksim.terminations import Termination
 from ksim.terrain import TerrainCurriculum, TerrainGrid
-from ksim.viewer_settings import check_geom_groups
 from ksim.wandb_logging import WANDB_EXTRA
 
 Array = jax.Array
@@ -228,7 +227,7 @@ class RLTask(ABC, Generic[ConfigT]):
         rules of each mode's own settings are the mode's: ksim.modes)."""
         config = self.config
         require_positive(config, "num_envs", "batch_size", "num_passes", "rollout_length_frames", "num_steps")
-        require_positive(config, "ctrl_dt", "dt", "eval_episodes", "log_every_n_steps", "video_width", "video_height")
+        require_positive(config, "ctrl_dt", "dt", "eval_episodes", "log_every_n_steps")
         require_non_negative(config, "save_every_n_steps", "eval_every_n_steps", "watchdog_timeout_s")
         require_non_negative(config, "keep_last_n_checkpoints", "action_delay_steps")
         if not 0.0 <= config.policy_average_decay < 1.0:
@@ -243,11 +242,6 @@ class RLTask(ABC, Generic[ConfigT]):
         if not substeps_divide(config.ctrl_dt, config.dt):
             raise ConfigError(f"dt={config.dt} must divide ctrl_dt={config.ctrl_dt} into a whole number of steps")
         require_choice(config, "physics_impl", PHYSICS_IMPLS)
-        if config.export_path and not config.export_path.endswith(".onnx"):
-            raise ConfigError(f"export_path={config.export_path!r} must end in .onnx")
-        if config.video_path and not config.video_path.endswith((".mp4", ".gif")):
-            raise ConfigError(f"video_path={config.video_path!r} must end in .mp4 or .gif")
-        check_geom_groups(config.geom_groups)
         require_choice(config, "logger", ("tensorboard", "wandb"))
         if config.logger == "wandb" and importlib.util.find_spec("wandb") is None:
             raise ConfigError(f"logger='wandb' needs the wandb package: {WANDB_EXTRA}")
@@ -380,9 +374,10 @@ class RLTask(ABC, Generic[ConfigT]):
         program = self.programs.get("eval", self.evaluator.program) if precompiled_shape else None
         return self.evaluator.run(shared.deployed(), num_episodes, seed, program, level)
 
-    def run(self) -> Any:
-        """Runs the configured mode on this task (ksim.modes: train, eval, export or view)."""
-        return modes().run(self)
+    def run(self, settings: Any = None) -> Any:
+        """Runs the configured mode on this task (ksim.modes: train, eval, export or view) with the mode's own
+        settings (its `Settings`; its defaults without)."""
+        return modes().run(self, settings)
 
     @classmethod
     def launch(cls, config: ConfigT, argv: Sequence[str] | None = None) -> Any:

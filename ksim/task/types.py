@@ -82,19 +82,12 @@ class RLConfig:
         help="'train', 'eval', 'export' (both need load_from_ckpt_path) or 'view' (a web page of the policy acting "
         "live; the checkpoint's, else the initial policy).",
     )
-    export_path: str = xax.field("", help="mode=export: write the deterministic policy to this .onnx file.")
     robot_inputs_only: bool = xax.field(
-        False, help="mode=export refuses a policy that reads what only a simulator knows (base velocity, height...)."
+        False,
+        help="The actor reads only what a robot measures: mode=export refuses a policy that reads what only a "
+        "simulator knows (base velocity, height...).",
     )
     eval_episodes: int = xax.field(10, help="Episodes per evaluation (mode=eval and eval_every_n_steps).")
-    video_path: str = xax.field("", help="mode=eval: write the first episode to this .mp4 or .gif.")
-    view_port: int = xax.field(8080, help="mode=view: the port the viewer's web page is served on.")
-    geom_groups: list[int] = xax.field(
-        lambda: [0, 1, 2],
-        help="MuJoCo geom groups (0-5) drawn in videos and shown at first by mode=view (MuJoCo's own default).",
-    )
-    video_width: int = xax.field(640, help="Video frame width in pixels (at most the model's offscreen width).")
-    video_height: int = xax.field(480, help="Video frame height in pixels (at most the model's offscreen height).")
     compilation_cache_dir: str = xax.field(
         os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "ksim", "jax"),
         help="Persistent XLA compilation cache folder (empty: off). A second start of a run skips compiling.",
