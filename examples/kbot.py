@@ -19,6 +19,7 @@ import math
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import ClassVar
 
 import mujoco
 import xax
@@ -35,9 +36,6 @@ from ksim.events import Event, Push
 from ksim.resets import RandomJointPositions, RandomJointVelocities, Reset
 from ksim.task.distributed_ppo import DistributedPPOConfig, DistributedPPOTask
 
-FEET = ("left_foot", "right_foot")  # sites at the soles (heights); their bodies' capsules touch the floor
-SOLE_HEIGHT = 0.02  # a foot site's height when the foot stands on the floor, m
-
 
 @dataclass
 class KBotConfig(DistributedPPOConfig):
@@ -47,9 +45,17 @@ class KBotConfig(DistributedPPOConfig):
 
 
 class KBotTask(DistributedPPOTask[KBotConfig]):
+    """The walking recipe; another robot's task (examples/g1.py) subclasses it and names its own parts."""
+
+    feet: ClassVar[tuple[str, ...]] = ("left_foot", "right_foot")  # sites at the soles; their bodies touch the floor
+    sole_height: ClassVar[float] = 0.02  # a foot site's height when the foot stands on the floor, m
+    imu_orientation: ClassVar[str] = "imu_site_quat"
+    imu_gyro: ClassVar[str] = "imu_gyro"
+    min_base_height: ClassVar[float] = 0.45  # m: lower is a fall
+
     def __init__(self, config: KBotConfig) -> None:
         super().__init__(config)
-        cpu_steps = DEFAULT_CONFIG.num_envs * DEFAULT_CONFIG.rollout_length_frames
+        cpu_steps = config.reference_num_envs * config.rollout_length_frames  # preset=cpu runs the reference envs
         if config.mode == "train" and (
             line := accelerator_preset_line(config.preset, self.env_steps_per_train_step, cpu_steps)
         ):
@@ -57,7 +63,7 @@ class KBotTask(DistributedPPOTask[KBotConfig]):
 
     def validate_config(self) -> None:
         super().validate_config()
-        require_choice(self.config, "preset", tuple(PRESETS))
+        require_choice(self.config, "preset", ("cpu", "gpu"))
 
     def get_mujoco_model(self) -> mujoco.MjModel:
         model = load_mujoco_model("kbot/kbot.xml")
@@ -65,8 +71,8 @@ class KBotTask(DistributedPPOTask[KBotConfig]):
 
     def get_observations(self) -> Sequence[obs.Observation]:
         return [
-            obs.ProjectedGravity(sensor="imu_site_quat", noise=0.05),
-            obs.Sensor(sensor="imu_gyro", scale=0.25, noise=0.05),
+            obs.ProjectedGravity(sensor=self.imu_orientation, noise=0.05),
+            obs.Sensor(sensor=self.imu_gyro, scale=0.25, noise=0.05),
             obs.JointPosition(offset="default", noise=0.02),
             # 10 deg/s, as K-Scale's own K-Bot task: legged_gym's 1.5 rad/s buries the legs' odometry
             obs.JointVelocity(scale=0.05, noise=0.05 * math.radians(10)),
@@ -97,20 +103,20 @@ class KBotTask(DistributedPPOTask[KBotConfig]):
             rew.Upright(scale=0.5),
             rew.FootSwingTracking(
                 scale=1.0,
-                feet=FEET,
+                feet=self.feet,
                 offsets=(0.0, 0.5),  # the feet take turns
                 period_s=self.config.gait_period_s,
-                ground_height=SOLE_HEIGHT,
+                ground_height=self.sole_height,
                 min_command=0.1,  # told to stand, it stands (stepping in place drifts)
             ),
-            rew.FeetSlip(scale=-0.1, feet=FEET, contact_height=SOLE_HEIGHT + 0.01),
+            rew.FeetSlip(scale=-0.1, feet=self.feet, contact_height=self.sole_height + 0.01),
             rew.JointPoseDeviation(scale=-0.05, pose="default"),
             rew.BaseRollPitchRatePenalty(scale=-0.05),
             rew.ActionRatePenalty(scale=-0.005),
         ]
 
     def get_terminations(self) -> Sequence[term.Termination]:
-        return [term.BaseTooLow(min_height=0.45), term.BaseTilted(max_angle=0.8)]
+        return [term.BaseTooLow(min_height=self.min_base_height), term.BaseTilted(max_angle=0.8)]
 
     def get_resets(self) -> Sequence[Reset]:
         return [RandomJointPositions(scale=0.05), RandomJointVelocities(scale=0.1)]

@@ -1,6 +1,6 @@
 """K-Bot: the firmware's gains from the robot's metadata, bad metadata refused in one line, and the example on two
 devices (with the symmetry loss) with a checkpoint that mode=eval, mode=export and the viewer take, and its
-first train step on one device."""
+first train step on one device; the same recipe on the G1."""
 
 import dataclasses
 import json
@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from examples.kbot import DEFAULT_CONFIG, KBotTask
-from ksim.actuators import gains_from_metadata
+from ksim.actuators import gains_from_metadata, motor_gains
 from ksim.commands import VelocityCommand
 from ksim.config import ConfigError
 from ksim.engine import ASSETS_DIR, ModelLayout, load_mujoco_model
@@ -124,3 +124,24 @@ def test_kbots_first_train_step_on_one_device_moves_the_policy(tmp_path: Path) -
     assert row["num_devices"] == 1 and row["approx_kl"] > 1e-4  # an update on one device changed the policy
     assert all(np.isfinite(row[key]) for key in ("policy_loss", "value_loss", "entropy", "approx_kl"))
     assert all(bool(np.all(np.isfinite(leaf))) for leaf in jax.tree.leaves(state.shared))
+
+
+def test_the_recipe_carries_to_the_g1_with_its_motors_and_pelvis_imu(tmp_path: Path) -> None:
+    from examples.g1 import DEFAULT_CONFIG as G1_CONFIG
+    from examples.g1 import G1Task
+    from examples.g1_robot import G1_MOTORS
+
+    config = dataclasses.replace(G1_CONFIG, **TINY, num_devices=1, run_dir=str(tmp_path))
+    task = G1Task(config)
+    model = task.engine.mj_model
+    gains = motor_gains(load_mujoco_model("g1/g1.xml"), G1_MOTORS)
+    np.testing.assert_allclose(model.actuator_gainprm[:, 0], gains.kp, rtol=1e-5)
+    train.run(task)
+
+    policy = tmp_path / "policy.onnx"
+    checkpoint = str(tmp_path / "checkpoints" / "ckpt_latest.bin")
+    exporter = G1Task(dataclasses.replace(config, mode="export", load_from_ckpt_path=checkpoint))
+    export.run(exporter, export.Settings(export_path=str(policy)))
+    spec = load_policy_spec(policy.with_suffix(".json"))
+    assert spec.simulator_inputs == [] and len(spec.joints) == 29
+    assert {"sensor:pelvis_orientation", "sensor:pelvis_gyro", "command"} <= set(spec.readings())
