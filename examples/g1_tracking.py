@@ -13,7 +13,8 @@ the runtime plays them on its own clock (ksim.runtime).
     python -m examples.g1_tracking mode=eval load_from_ckpt_path=RUN/checkpoints/ckpt_latest.bin eval_episodes=64
 
 `mode=eval` starts every episode at its clip's first frame and prints the success rate (episodes that reach the
-clip's end) and the mean body position error in the torso's frame and in the world, per clip with motion=all.
+clip's end) and the mean body position error in the torso's frame and in the world, per clip with motion=all;
+without pushes (`eval_events=true` adds the training's).
 """
 
 import functools
@@ -162,6 +163,7 @@ DEFAULT_CONFIG = G1TrackingConfig(
     log_every_n_steps=10,
     eval_every_n_steps=100,
     eval_episodes=64,
+    eval_events=False,  # a clip is judged as sim2sim and a robot play it: unpushed (training keeps its pushes)
     save_every_n_steps=100,
     robot_inputs_only=True,
 )

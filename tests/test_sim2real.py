@@ -272,3 +272,18 @@ def test_command_users_need_a_command_big_enough() -> None:
 
     with pytest.raises(ConfigError, match="AngularVelocityTracking reads 3 command values; OneValue has 1"):
         check_command_users(OneValue(), [rew.AngularVelocityTracking(scale=1.0)])
+
+
+def test_evaluation_runs_the_pushes_unless_eval_events_is_off(task: BallTask, starts: list) -> None:
+    episode = jax.tree.map(lambda leaf: leaf[0], starts[0])
+    due = episode.replace(event_timers=jnp.ones_like(episode.event_timers))
+    not_due = episode.replace(event_timers=jnp.full_like(episode.event_timers, 100))
+    shared = task.init_shared(jax.random.PRNGKey(0))
+
+    def evaluation_step(of: BallTask, start: Episode) -> np.ndarray:
+        stepped, _ = jax.jit(lambda e: of.environment.step_env(shared, e, deterministic=True))(start)
+        return np.asarray(stepped.data.qvel)
+
+    calm = BallTask(ball_config(eval_events=False))
+    assert not np.allclose(evaluation_step(task, due), evaluation_step(task, not_due))  # pushed
+    np.testing.assert_array_equal(evaluation_step(calm, due), evaluation_step(calm, not_due))

@@ -147,6 +147,7 @@ class EnvSettings:
     action_delay_steps: int = 0
     eval_observation_noise: bool = False
     gamma: float = 0.99  # discounts Episode.discounted_return
+    eval_events: bool = True
 
 
 @dataclass(frozen=True)
@@ -226,6 +227,10 @@ class Environment:
         has_noise = any(obs.noise > 0 for obs in self.components.observations)
         return has_noise and (not deterministic or self.settings.eval_observation_noise)
 
+    def active_events(self, deterministic: bool) -> tuple[Event, ...]:
+        """The events (pushes) of training rollouts; of evaluation unless eval_events is off."""
+        return self.components.events if not deterministic or self.settings.eval_events else ()
+
     def start_episode(
         self,
         rng: Array,
@@ -297,12 +302,11 @@ class Environment:
         )
         action = chosen.action
         applied, action_queue = delay_action(episode.action_queue, action)
-        data, event_timers = run_events(
-            parts.events, episode.data, episode.event_timers, engine.layout, event_key, ctrl_dt
-        )
         gain_scales, fields = episode.randomized.gain_scales, episode.randomized.model_fields
-        if parts.events:  # events (pushes) change velocities; the physics step expects them reflected
-            data = engine.velocities_changed(data, fields)
+        data, event_timers = episode.data, episode.event_timers
+        if events := self.active_events(deterministic):
+            data, event_timers = run_events(events, data, event_timers, engine.layout, event_key, ctrl_dt)
+            data = engine.velocities_changed(data, fields)  # pushes change velocities: the step expects them reflected
         data, ctrl = engine.step(data, lambda data: parts.actuators.ctrl(applied, data, gain_scales), fields)
         ctx = engine.context(data, episode.data, action, episode.last_action, ctrl, episode.command)
         diverged = physics_diverged(ctx)

@@ -92,7 +92,9 @@ class RLTask(ABC, Generic[ConfigT]):
         steps = episode_steps(config)
         self.terrain_use = terrain_use(self.terrain, self.curriculum, components.command, self.engine, config, steps)
         noise = config.eval_observation_noise
-        settings = EnvSettings(config.ctrl_dt, steps, config.action_delay_steps, noise, config.gamma)
+        settings = EnvSettings(
+            config.ctrl_dt, steps, config.action_delay_steps, noise, config.gamma, config.eval_events
+        )
         spawn_jitter = self.terrain_use.spawn_jitter
         self.environment = Environment(self.engine, components, settings, self, self.terrain, spawn_jitter)
         self.env_pool = EnvPool(self.environment, self.terrain_use)

@@ -104,6 +104,9 @@ class RLConfig:
     )
     action_delay_steps: int = xax.field(0, help="The action applied is the one chosen this many control steps ago.")
     eval_observation_noise: bool = xax.field(False, help="Also add the observations' noise in evaluation.")
+    eval_events: bool = xax.field(
+        True, help="Evaluations run the task's events (pushes); false: without them, as ksim.sim2sim runs an export."
+    )
     eval_terrain_level: int = xax.field(-1, help="Terrain level that evaluations run on (-1: the middle level).")
     eval_terrain_type: str = xax.field(
         "", help="Terrain type that evaluations run on (empty: episode i on type i modulo the number of types)."
