@@ -126,6 +126,7 @@ def test_help_lists_every_field_with_its_help_then_each_modes_own(capsys: pytest
         (["mode=eval", "load_from_ckpt_path=c.bin", "video_width=0"], "video_width=0 must be positive"),
         (["mode=eval", "load_from_ckpt_path=c.bin", "geom_groups=[0,7]"], "geom_groups=[0, 7] may hold only"),
         (["video_path=run.gif"], "video_path is a setting of mode=eval, not of mode=train"),
+        (["mode=export", "geom_groups=[3]"], "geom_groups is a setting of mode=eval and mode=view, not of mode=export"),
         (["mode=eval", "load_from_ckpt_path=c.bin", "video_pth=a.gif"], "unknown setting 'video_pth'"),
     ],
 )

@@ -60,14 +60,17 @@ def setting_names(mode: Mode) -> set[str]:
 def split_arguments(config: RLConfig, args: Sequence[str]) -> tuple[RLConfig, Any]:
     """The task's config with its `key=value` overrides, and the chosen mode's settings with theirs; a setting of
     another mode is refused naming that mode."""
-    owners = {name: mode_name for mode_name, mode in MODES.items() for name in setting_names(mode)}
+    owners: dict[str, list[str]] = {}
+    for mode_name, mode in MODES.items():
+        for name in setting_names(mode):
+            owners.setdefault(name, []).append(f"mode={mode_name}")
     config = parse_overrides(config, [arg for arg in args if arg.split("=", 1)[0] not in owners])
     require_choice(config, "mode", tuple(MODES))
     own = setting_names(MODES[config.mode])
     for arg in args:
         key = arg.split("=", 1)[0]
         if key in owners and key not in own:
-            raise ConfigError(f"{key} is a setting of mode={owners[key]}, not of mode={config.mode}")
+            raise ConfigError(f"{key} is a setting of {' and '.join(owners[key])}, not of mode={config.mode}")
     settings = parse_overrides(MODES[config.mode].Settings(), [arg for arg in args if arg.split("=", 1)[0] in own])
     return config, settings
 
