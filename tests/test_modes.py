@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -17,16 +18,25 @@ from ksim import modes
 from ksim.config import ConfigError
 
 
+@dataclasses.dataclass
+class LayoutSettings:
+    largest_first: bool = False
+
+
 def test_a_new_mode_runs_from_launch_without_touching_the_task(monkeypatch: pytest.MonkeyPatch) -> None:
-    seen: list[str] = []
+    seen: list[tuple[str, bool]] = []
 
-    def run(task: Any) -> list[tuple[str, int]]:
-        return task.environment.observation_layout()
+    def run(task: Any, settings: LayoutSettings) -> list[tuple[str, int]]:
+        layout = task.environment.observation_layout()
+        return sorted(layout, key=lambda item: -item[1]) if settings.largest_first else layout
 
-    layout_mode = types.SimpleNamespace(check=lambda config: seen.append(config.mode), run=run)
+    def check(config: Any, settings: LayoutSettings) -> None:
+        seen.append((config.mode, settings.largest_first))
+
+    layout_mode = types.SimpleNamespace(Settings=LayoutSettings, check=check, run=run)
     monkeypatch.setitem(modes.MODES, "layout", layout_mode)
-    result = CartpoleTask.launch(cartpole_config(), ["mode=layout"])
-    assert seen == ["layout"]  # checked before the task was built
+    result = CartpoleTask.launch(cartpole_config(), ["mode=layout", "largest_first=false"])
+    assert seen == [("layout", False)]  # checked, with its own setting, before the task was built
     assert [name for name, _ in result] == [
         name for name, _ in CartpoleTask(cartpole_config()).environment.observation_layout()
     ]

@@ -50,7 +50,8 @@ def check(config: RLConfig, settings: Any = None) -> Any:
 
 def run(task: RLTask[Any], settings: Any = None) -> Any:
     """Runs the task's configured mode with its settings (the mode's defaults when None)."""
-    return MODES[task.config.mode].run(task, check(task.config, settings))
+    settings = check(task.config, settings)
+    return MODES[task.config.mode].run(task, settings)
 
 
 def setting_names(mode: Mode) -> set[str]:
