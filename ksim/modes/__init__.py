@@ -30,7 +30,7 @@ class Mode(Protocol):
     def check(self, config: RLConfig, settings: Any) -> None:
         """ConfigError naming the setting and the rule, before the task is built."""
 
-    def run(self, task: Any, settings: Any = None) -> Any:
+    def run(self, task: Any, settings: Any) -> Any:
         """Runs the mode on a built task; returns what the mode produced."""
 
 
@@ -65,14 +65,14 @@ def split_arguments(config: RLConfig, args: Sequence[str]) -> tuple[RLConfig, An
     for mode_name, mode in MODES.items():
         for name in setting_names(mode):
             owners.setdefault(name, []).append(f"mode={mode_name}")
-    config = parse_overrides(config, [arg for arg in args if arg.split("=", 1)[0] not in owners])
+    keyed = [(arg.split("=", 1)[0], arg) for arg in args]
+    config = parse_overrides(config, [arg for key, arg in keyed if key not in owners])
     require_choice(config, "mode", tuple(MODES))
     own = setting_names(MODES[config.mode])
-    for arg in args:
-        key = arg.split("=", 1)[0]
+    for key, _ in keyed:
         if key in owners and key not in own:
             raise ConfigError(f"{key} is a setting of {' and '.join(owners[key])}, not of mode={config.mode}")
-    settings = parse_overrides(MODES[config.mode].Settings(), [arg for arg in args if arg.split("=", 1)[0] in own])
+    settings = parse_overrides(MODES[config.mode].Settings(), [arg for key, arg in keyed if key in own])
     return config, settings
 
 

@@ -102,11 +102,9 @@ def simulator_inputs_line(robot: RobotSide, refuse: bool) -> str:
     return f"note: only a simulator knows {named}; ksim.runtime needs these readings from its caller"
 
 
-def run(task: RLTask[Any], settings: Settings | None = None) -> Path:
+def run(task: RLTask[Any], settings: Settings) -> Path:
     """Writes the checkpoint's deterministic policy to export_path (ONNX), a JSON beside it saying how a robot
-    runs it, and the model it was trained on (MJB)."""
-    settings = settings or Settings()
-    check(task.config, settings)
+    runs it, and the model it was trained on (MJB); `check` has passed on the task's config and `settings`."""
     checkpoint = task.config.load_from_ckpt_path
     robot = robot_side(task)
     note = simulator_inputs_line(robot, task.config.robot_inputs_only)
