@@ -358,11 +358,8 @@ def motion_table(
 def start_velocities(motion: Motion) -> np.ndarray:
     """qvel at each frame: the root's world linear velocity, its angular velocity in its own frame (a free joint's
     convention), the joints' velocities."""
-    root_quat = motion.body_quat[:, 0]
-    w, xyz = root_quat[:, :1], root_quat[:, 1:]
-    world = motion.body_ang_vel[:, 0]
-    t = 2.0 * np.cross(xyz, world)
-    local = world - w * t + np.cross(xyz, t)
+    root_quat, root_ang_vel = jnp.asarray(motion.body_quat[:, 0]), jnp.asarray(motion.body_ang_vel[:, 0])
+    local = np.asarray(jax.vmap(rotate_inverse)(root_quat, root_ang_vel))
     return np.concatenate([motion.body_lin_vel[:, 0], local, motion.joint_vel], axis=1)
 
 

@@ -292,6 +292,8 @@ def test_the_viewer_poses_the_reference_at_the_motions_frame(task: ArmsTask) -> 
     assert report.reference_qpos is not None
     np.testing.assert_allclose(report.reference_qpos, task.motion.table.qpos[frame], atol=1e-6)
     assert command_ranges(task.motion) == ()  # a motion plays by itself: no sliders
+    endings = [sim.step().ended_by for _ in range(max(FRAMES.values()))]
+    assert "end of the command" in endings and "time limit" not in endings  # a clip's end, not the episode's
 
 
 RENDER_BOTH = """

@@ -26,6 +26,7 @@ from ksim.terrain import TerrainCells
 Array = jax.Array
 HELD_COMMAND_STEPS = 2**30  # a command set from the viewer is never redrawn by the task's timer
 TIME_LIMIT = "time limit"
+COMMAND_ENDED = "end of the command"  # a motion's clip played to its last frame
 DIVERGED = "physics diverged"
 
 
@@ -39,7 +40,7 @@ class StepReport:
     reward_terms: dict[str, float]
     episode_return: float
     episode_length: int
-    ended_by: str | None  # the termination that ended the episode, TIME_LIMIT, or None while it runs
+    ended_by: str | None  # the termination that ended the episode, TIME_LIMIT, COMMAND_ENDED, or None while it runs
     reference_qpos: np.ndarray | None = None  # the pose the command asks for (a motion's frame); None: none
 
 
@@ -200,4 +201,7 @@ class ViewerSim:
         if bool(host["terminated"]):
             fired = np.flatnonzero(host["terminations"])
             return ", ".join(self.termination_names[i] for i in fired) or DIVERGED
-        return TIME_LIMIT if bool(host["truncated"]) else None
+        if not bool(host["truncated"]):
+            return None
+        out_of_time = int(host["episode_length"]) >= self.environment.settings.max_episode_steps
+        return TIME_LIMIT if out_of_time else COMMAND_ENDED
