@@ -2,8 +2,8 @@
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-# cpu (default): the JAX that runs MJX fastest on CPU, pinned by constraints-cpu.txt (README, "Supported JAX
-# versions"). latest: the newest JAX pyproject.toml allows. cuda12 / cuda13: that extra, with current JAX.
+# cpu (default): the JAX that runs MJX fastest on CPU, pinned by constraints-cpu.txt (docs/mjx.md).
+# latest: the newest JAX pyproject.toml allows. cuda12 / cuda13: that extra, with current JAX.
 JAX ?= cpu
 # One stamp per choice, so switching JAX re-runs pip.
 STAMP := $(VENV)/.installed-$(JAX)
