@@ -10,7 +10,7 @@ the runtime plays them on its own clock (ksim.runtime).
 
     python -m examples.g1_tracking                       # motion=walk; also wave, high5, dance, jumpjack
     python -m examples.g1_tracking motion=all            # one policy for the five clips
-    python -m examples.g1_tracking mode=eval load_from_ckpt_path=RUN/checkpoints/ckpt_latest.bin eval_episodes=64
+    python -m examples.g1_tracking mode=eval load_from_ckpt_path=RUN/checkpoints/ckpt_best.bin eval_episodes=64
 
 `mode=eval` starts every episode at its clip's first frame and prints the success rate (episodes that reach the
 clip's end) and the mean body position error in the torso's frame and in the world, per clip with motion=all;

@@ -1,7 +1,8 @@
 """Checkpoints: exact round trip, resume with counters, shape and metadata checks, unreadable files,
-pruning, eval mode, save on SIGTERM and surviving SIGKILL mid-save."""
+pruning, the best evaluation's checkpoint, eval mode, save on SIGTERM and surviving SIGKILL mid-save."""
 
 import ctypes.util
+import json
 import os
 import random
 import signal
@@ -20,6 +21,7 @@ from examples.cartpole import CartpoleConfig, CartpoleTask
 from ksim import observations as obs
 from ksim.checkpoint import load_checkpoint, load_metadata, prune_checkpoints, read_checkpoint, save_checkpoint
 from ksim.config import ConfigError
+from ksim.reporting import SCALARS_FILE
 from ksim.task.loop import GracefulStop
 from ksim.task.ppo import PPOTask
 
@@ -201,6 +203,31 @@ def test_keep_last_n_checkpoints_prunes_old_numbered_ones(trained: tuple, tmp_pa
     assert prune_checkpoints(tmp_path / "checkpoints", 1) == [
         tmp_path / "checkpoints" / f"ckpt_{step:08d}.bin" for step in range(4, 8)
     ]
+
+
+def test_the_best_evaluation_is_kept_and_a_resumed_run_keeps_it(tmp_path: Path) -> None:
+    settings = {"run_dir": str(tmp_path), "eval_every_n_steps": 1, "eval_episodes": 4, "save_every_n_steps": 1}
+    CartpoleTask(cartpole_config(num_steps=4, **settings)).run()
+    returns = [
+        json.loads(line)["eval/return"]
+        for line in (tmp_path / SCALARS_FILE).read_text().splitlines()
+        if "eval/return" in line
+    ]
+    best_step = 1 + int(np.argmax(returns))  # the first of equal bests
+    best = tmp_path / "checkpoints" / "ckpt_best.bin"
+    assert load_metadata(best)["evaluation"]["step"] == best_step
+    assert load_metadata(best)["evaluation"]["score"] == pytest.approx(max(returns))
+    loader = CartpoleTask(cartpole_config())
+    assert_trees_equal(
+        loader.checkpoints.load(best), loader.checkpoints.load(tmp_path / "checkpoints" / f"ckpt_{best_step:08d}.bin")
+    )
+
+    resumed = CartpoleTask(
+        cartpole_config(num_steps=6, load_from_ckpt_path=str(tmp_path / "checkpoints" / "ckpt_latest.bin"), **settings)
+    )
+    resumed.evaluation_score = lambda scalars: -1.0  # type: ignore[method-assign]  # worse than any return so far
+    resumed.run()
+    assert load_metadata(best)["evaluation"]["step"] == best_step
 
 
 # Saves checkpoints of growing steps until it reaches its pause point: inside save number `pause_step`, before the

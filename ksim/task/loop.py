@@ -23,7 +23,7 @@ import jax
 from ksim.reporting import MetricsLogger, window_scalars
 from ksim.task.evaluation import EvalResult, summary_scalars
 from ksim.task.programs import AheadOfTimeProgram, Programs
-from ksim.task.run_checkpoints import RunCheckpoints, numbered_checkpoint
+from ksim.task.run_checkpoints import RunCheckpoints, best_score, numbered_checkpoint
 from ksim.task.types import RLConfig, SharedState, TrainState
 
 
@@ -146,6 +146,7 @@ class TrainingTask(Protocol):
     def fetch_replicated(self, tree: Any) -> Any: ...
     def log_fields(self, env_steps_per_s: float) -> dict[str, float]: ...
     def evaluate(self, shared: SharedState) -> EvalResult: ...
+    def evaluation_score(self, scalars: dict[str, float]) -> float: ...
     def hang_diagnosis(self) -> str: ...
 
 
@@ -195,6 +196,7 @@ def run_training(
     if run_dir:
         print(f"startup and compilation: {time.perf_counter() - start_time:.1f} s", flush=True)
     start_step, window = step, []  # window: metrics of the steps since the last log line, still on device
+    best = BestEvaluation(task, run_dir)
     watchdog = Watchdog(config.watchdog_timeout_s, task.hang_diagnosis)
     with GracefulStop(hold_sigterm=jax.process_count() > 1) as stop, watchdog:
         try:
@@ -225,6 +227,7 @@ def run_training(
                     eval_seconds += time.perf_counter() - eval_start
                     if run_dir:
                         logger.log_eval(step, env_steps, eval_scalars)
+                        best.consider(state, step, env_steps, eval_scalars)
                 if config.save_every_n_steps and step % config.save_every_n_steps == 0:
                     checkpoints.saved(step, task.checkpoints.save(run_dir, state, step, env_steps) if run_dir else None)
             if step > start_step:  # normal end, or stopped by SIGINT/SIGTERM
@@ -268,6 +271,24 @@ class ProcessHooks:
 
     def on_runtime_error(self, error: BaseException) -> None:
         """Called when a device program failed; returning re-raises the error."""
+
+
+class BestEvaluation:
+    """Keeps the checkpoint of the run's best evaluation as ckpt_best.bin (on the process that writes the run):
+    evaluations swing between train steps, and the one to deploy is the best one, not the last."""
+
+    def __init__(self, task: TrainingTask, run_dir: Path | None) -> None:
+        self.task, self.run_dir = task, run_dir
+        self.score = best_score(run_dir) if run_dir else None
+
+    def consider(self, state: TrainState, step: int, env_steps: int, scalars: dict[str, float]) -> None:
+        """Saves this train step's checkpoint as the best if its evaluation scores higher than every earlier one."""
+        score = self.task.evaluation_score(scalars)
+        if self.run_dir is None or (self.score is not None and score <= self.score):
+            return
+        self.score = score
+        path = self.task.checkpoints.save_best(self.run_dir, state, step, env_steps, {"score": score, **scalars})
+        print(f"best evaluation so far (score {score:.4g}): {path}", flush=True)
 
 
 class LastCheckpoint:

@@ -376,6 +376,11 @@ class RLTask(ABC, Generic[ConfigT]):
         program = self.programs.get("eval", self.evaluator.program) if precompiled_shape else None
         return self.evaluator.run(shared.deployed(), num_episodes, seed, program, level)
 
+    def evaluation_score(self, scalars: dict[str, float]) -> float:
+        """How good an evaluation is (higher is better), for keeping the run's best checkpoint as ckpt_best.bin: a
+        motion's success rate, else the mean return. A task may weigh its own metrics instead."""
+        return scalars.get("eval/success_rate", scalars["eval/return"])
+
     def run(self, settings: Any = None) -> Any:
         """Runs the configured mode on this task (ksim.modes: train, eval, export or view) with the mode's own
         settings (its `Settings`; its defaults without)."""

@@ -119,6 +119,19 @@ def numbered_checkpoint(run_dir: Path, step: int) -> Path:
     return run_dir / "checkpoints" / f"ckpt_{step:08d}.bin"
 
 
+def best_checkpoint(run_dir: Path) -> Path:
+    """Where a run keeps the checkpoint of its best evaluation so far."""
+    return run_dir / "checkpoints" / "ckpt_best.bin"
+
+
+def best_score(run_dir: Path) -> float | None:
+    """The score of the run's best evaluation so far, from its ckpt_best.bin (None before one), so that a
+    run resumed in its own folder keeps it."""
+    path = best_checkpoint(run_dir)
+    evaluation = (load_metadata(path) or {}).get("evaluation") if path.exists() else None
+    return None if evaluation is None else float(evaluation["score"])
+
+
 def save_run_checkpoint(
     run_dir: Path, contents: dict[str, Any], metadata: dict[str, Any], step: int, keep_last: int
 ) -> Path:
@@ -202,6 +215,14 @@ class RunCheckpoints:
     def save(self, run_dir: Path, state: TrainState, step: int, env_steps: int) -> Path:
         """Writes ckpt_<step>.bin and ckpt_latest.bin, then keeps the last `keep_last` numbered ones."""
         return save_run_checkpoint(run_dir, self.contents(state, step, env_steps), self.metadata, step, self.keep_last)
+
+    def save_best(
+        self, run_dir: Path, state: TrainState, step: int, env_steps: int, evaluation: dict[str, float]
+    ) -> Path:
+        """Writes ckpt_best.bin: this train step's checkpoint, its metadata also holding the evaluation (with its
+        `score`) that made it the best."""
+        metadata = {**self.metadata, "evaluation": {"step": step, **evaluation}}
+        return save_checkpoint(best_checkpoint(run_dir), self.contents(state, step, env_steps), metadata)
 
     def load(self, path: str | Path) -> dict[str, Any]:
         """A checkpoint's contents; ConfigError if another task or observation layout wrote it (unless
