@@ -1,10 +1,11 @@
 """Evaluation's locomotion measures on a task whose answers are known.
 
 A free puck floats without gravity or contacts, so its base keeps the velocity it starts with. Each episode
-starts it at 0.25 or 1.0 m/s along world x (a coin flip per episode); an episode ends by termination once
-the base passes x = 0.51 m, else by time after 1 s. So fast episodes (and only they) fall, each episode's mean
-speed is its start speed, and against a forward command of 0.25 m/s the tracking error is 0 or 0.75 (yaw rate
-error 0). Told to stand, and spinning at 0.5 rad/s about z, it drifts at its speed with a yaw-rate error of 0.5.
+starts it at 0.25 or 1.0 m/s along world x (a coin flip per episode); an episode ends by termination once the
+base passes x = 0.51 m (a second termination, at 2 m, never fires), else by time after 1 s. So fast episodes
+(and only they) fall, each episode's mean speed is its start speed, and against a forward command of 0.25 m/s
+the tracking error is 0 or 0.75 (yaw rate error 0). Told to stand, and spinning at 0.5 rad/s about z, it drifts
+at its speed with a yaw-rate error of 0.5.
 """
 
 from __future__ import annotations
@@ -64,6 +65,12 @@ class PastHalfMetre(term.Termination):
         return ctx.base_pos[0] > 0.51  # not 0.5, which a step lands on: float32 and float64 physics would differ
 
 
+@dataclasses.dataclass(frozen=True)
+class PastTwoMetres(term.Termination):
+    def terminated(self, ctx: StepContext) -> jax.Array:
+        return ctx.base_pos[0] > 2.0  # never within an episode's 1 s
+
+
 @dataclasses.dataclass
 class PuckConfig(PPOConfig):
     command: str = ""  # "", "forward" (SLOW m/s) or "stand"
@@ -80,7 +87,7 @@ class PuckTask(PPOTask[PuckConfig]):
         return [rew.StayAlive(scale=1.0)]
 
     def get_terminations(self) -> Sequence[term.Termination]:
-        return [PastHalfMetre()]
+        return [PastHalfMetre(), PastTwoMetres()]
 
     def get_resets(self) -> Sequence[Reset]:
         return [CoinFlipSpeed(spin=SPIN if self.config.command == "stand" else 0.0)]
@@ -126,6 +133,13 @@ def test_speed_fall_rate_and_command_error_are_the_known_ones(command: str) -> N
     scalars = summary_scalars(result)
     assert scalars["eval/fall_rate"] == pytest.approx(fast.mean())
     assert scalars["eval/base_speed_x"] == pytest.approx(SLOW + (FAST - SLOW) * fast.mean(), rel=1e-4)
+    assert result.ended_by is not None
+    np.testing.assert_array_equal(result.ended_by["PastHalfMetre"], fast)  # what ended each episode
+    assert not result.ended_by["PastTwoMetres"].any()
+    assert (
+        scalars["eval/ended_by/PastHalfMetre"] == pytest.approx(fast.mean())
+        and not scalars["eval/ended_by/PastTwoMetres"]
+    )
     if with_command:
         assert result.command_error is not None
         np.testing.assert_allclose(result.command_error, np.where(fast, FAST - SLOW, 0.0), atol=1e-4)

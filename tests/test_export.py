@@ -149,6 +149,7 @@ def test_sim2sim_runs_the_export_in_plain_mujoco_beside_mode_eval(exported: tupl
     ours, theirs = lines[-2:]
     assert ours.startswith("sim2sim   CartpoleTask: 4 episodes, mean return ") and "fall_rate" in ours
     assert theirs.startswith("mode=eval CartpoleTask: 4 episodes, mean return ")
+    assert " ended_by/" in ours and " ended_by/" in theirs  # which termination ended the episodes, in both
 
 
 def test_sim2sim_refuses_a_timestep_that_does_not_divide_ctrl_dt(exported: tuple) -> None:

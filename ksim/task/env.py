@@ -85,6 +85,10 @@ class Components:
         return unique_names([reward.name for reward in self.rewards])
 
     @functools.cached_property
+    def termination_names(self) -> list[str]:
+        return unique_names([termination.name for termination in self.terminations])
+
+    @functools.cached_property
     def stateful(self) -> list[tuple[str, Stateful]]:
         """The stateful rewards and terminations, each with its key in `Episode.component_state`."""
         components = [c for c in (*self.rewards, *self.terminations) if isinstance(c, Stateful)]
@@ -353,14 +357,19 @@ class Environment:
         return stepped, Transition(trajectory, episode_return, episode_length, reward_terms)
 
 
+def termination_flags(parts: Components, ctx: StepContext, states: dict[str, Any]) -> Array:
+    """Which of the task's terminations end this control step, in `parts.termination_names`' order (T,)."""
+    flags = [t.terminated(parts.with_state(t, ctx, states)) for t in parts.terminations]
+    return jnp.stack(flags) if flags else jnp.zeros(0, bool)
+
+
 def judge_step(
     parts: Components, ctx: StepContext, states: dict[str, Any]
 ) -> tuple[Array, dict[str, Array], Array, dict[str, Any]]:
     """What the task's terminations and rewards make of one control step: (terminated, reward terms, reward, the
     stateful components' next state); a step whose physics diverged terminates and earns nothing."""
     diverged = physics_diverged(ctx)
-    terminations = (t.terminated(parts.with_state(t, ctx, states)) for t in parts.terminations)
-    terminated = functools.reduce(jnp.logical_or, terminations, diverged)
+    terminated = diverged | jnp.any(termination_flags(parts, ctx, states))
     ended = ctx.replace(terminated=terminated)  # a termination penalty reads it
     reward_terms = {
         name: reward(parts.with_state(reward, ended, states))

@@ -4,7 +4,8 @@ Besides return and length, each episode yields what locomotion is judged by: the
 velocity, whether a termination (not the time limit) ended it, and with a velocity command the mean
 distance between the heading-frame base velocity and the commanded (forward, lateral) velocity, the mean
 |yaw rate - commanded yaw rate|, and over the steps whose command is zero (stand still) how fast the base
-drifts: its net horizontal displacement per second (swaying in place is not drift).
+drifts: its net horizontal displacement per second (swaying in place is not drift). Each episode also says which
+of the task's terminations ended it.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from flax import struct
 from ksim.commands import Command, VelocityCommand
 from ksim.engine import StepContext
 from ksim.rewards import linear_velocity_error, yaw_rate_error
-from ksim.task.env import Environment
+from ksim.task.env import Environment, termination_flags
 from ksim.task.types import Episode, Trajectory
 from ksim.terrain import TerrainCells
 from ksim.tracking import MotionCommand
@@ -44,6 +45,7 @@ class EpisodeStats(struct.PyTreeNode):
     drift_sum: Array  # (2,) per env: the base's horizontal velocity summed over those steps
     command_measure_sums: dict[str, Array]  # the command's own measures (a motion's errors) summed over the steps
     start_state: Array  # the command's state at the episode's start (a motion's first frame)
+    ended_by: Array  # (T,) per env: which of the task's terminations ended the episode (none: it ran out)
 
 
 class EvalResult(NamedTuple):
@@ -61,6 +63,7 @@ class EvalResult(NamedTuple):
     command_measures: dict[str, np.ndarray] | None = None  # each episode's mean of the command's own measures
     clip: np.ndarray | None = None  # a motion's clip that each episode played; None without a motion
     clip_names: tuple[str, ...] = ()
+    ended_by: dict[str, np.ndarray] | None = None  # per termination: whether it ended each episode
 
     def poses(self, nq: int) -> tuple[np.ndarray, np.ndarray | None]:
         """Env 0's recorded poses and, where its command had one, the reference's at each step."""
@@ -127,9 +130,11 @@ def make_eval_program(environment: Environment, terrain_column: int | None = Non
     max_steps = environment.settings.max_episode_steps
     command = environment.components.command
 
-    def step_one(shared: Any, episode: Episode) -> tuple[Episode, Array, Array, Array, StepMeasures]:
+    def step_one(shared: Any, episode: Episode) -> tuple[Episode, Array, Array, Array, StepMeasures, Array]:
         stepped, trajectory, ctx = deterministic_step(environment, shared, episode)
-        return stepped, trajectory.reward, trajectory.terminated, trajectory.truncated, step_measures(command, ctx)
+        flags = termination_flags(environment.components, ctx, episode.component_state)
+        measures = step_measures(command, ctx)
+        return stepped, trajectory.reward, trajectory.terminated, trajectory.truncated, measures, flags
 
     step_all = jax.vmap(step_one, in_axes=(None, 0))
 
@@ -157,7 +162,7 @@ def make_eval_program(environment: Environment, terrain_column: int | None = Non
         def body(carry: tuple[Any, ...]) -> tuple[Any, ...]:
             t, episode, stats, running, qpos_log = carry
             qpos_log = qpos_log.at[t].set(jnp.concatenate([episode.data.qpos[0], reference_of(episode)]))
-            episode, reward, terminated, truncated, measures = step_all(shared, episode)
+            episode, reward, terminated, truncated, measures, flags = step_all(shared, episode)
             stats = EpisodeStats(
                 returns=stats.returns + jnp.where(running, reward, 0.0),
                 lengths=stats.lengths + running,
@@ -172,6 +177,7 @@ def make_eval_program(environment: Environment, terrain_column: int | None = Non
                     for name, total in stats.command_measure_sums.items()
                 },
                 start_state=stats.start_state,
+                ended_by=stats.ended_by | ((running & terminated)[:, None] & flags),
             )
             running = running & ~(terminated | truncated)
             return t + 1, episode, stats, running, qpos_log
@@ -190,6 +196,7 @@ def make_eval_program(environment: Environment, terrain_column: int | None = Non
             jnp.zeros((num_envs, 2)),
             {name: zeros for name in names},
             episode.command_state,
+            jnp.zeros((num_envs, len(environment.components.terminations)), bool),
         )
         init = (jnp.zeros((), jnp.int32), episode, stats, jnp.ones(num_envs, bool), qpos_log)
         steps, _, stats, _, qpos_log = jax.lax.while_loop(running_any, body, init)
@@ -205,7 +212,8 @@ def first_episode(qpos_log: Any, lengths: Any) -> Any:
 
 def summary_scalars(result: EvalResult) -> dict[str, float]:
     """Means over the episodes: return, length, base world-x speed, fall rate (with a velocity command: its xy
-    and yaw-rate errors, and the drift over the episodes that had a zero command)."""
+    and yaw-rate errors, and the drift over the episodes that had a zero command), the share of episodes each
+    termination ended (`ended_by/NAME`; two may end the same one)."""
     scalars = {
         "eval/return": float(np.mean(result.returns)),
         "eval/length": float(np.mean(result.lengths)),
@@ -224,6 +232,8 @@ def summary_scalars(result: EvalResult) -> dict[str, float]:
         scalars[f"eval/{name}"] = float(np.mean(values))
     if result.clip is not None:
         scalars["eval/success_rate"] = 1.0 - scalars["eval/fall_rate"]
+    for name, ended in (result.ended_by or {}).items():
+        scalars[f"eval/ended_by/{name}"] = float(np.mean(ended))
     if len(result.clip_names) > 1:
         scalars |= per_clip_scalars(result)
     return scalars
@@ -306,6 +316,7 @@ class Evaluator:
             {name: total / steps for name, total in stats.command_measure_sums.items()} or None,
             None if motion is None else np.asarray(jax.vmap(motion.clip_of)(stats.start_state)),
             () if motion is None else motion.clip_names,
+            dict(zip(self.environment.components.termination_names, stats.ended_by.T, strict=True)),
         )
 
 

@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ksim.task.env import Environment, judge_step
+from ksim.task.env import Environment, judge_step, termination_flags
 from ksim.task.evaluation import EvalResult, StepMeasures, mean_drift, step_measures, tracks_velocity
 from ksim.tracking import MotionCommand
 
@@ -51,23 +51,25 @@ def draw_starts(environment: Environment, seed: int, count: int) -> list[Start]:
     return [(qpos[i], qvel[i], command[i], int(state[i])) for i in range(count)]
 
 
-def make_judge(environment: Environment) -> Callable[..., tuple[Array, Array, StepMeasures]]:
-    """(qpos, qvel, action, ctrl, command) of one episode -> per step (reward, terminated, locomotion measures)."""
+def make_judge(environment: Environment) -> Callable[..., tuple[Array, Array, StepMeasures, Array]]:
+    """(qpos, qvel, action, ctrl, command) of one episode -> per step (reward, terminated, locomotion measures,
+    which of the task's terminations end the step)."""
     engine, parts, ctrl_dt = environment.engine, environment.components, environment.settings.ctrl_dt
 
     def judge(
         qpos: Array, qvel: Array, action: Array, ctrl: Array, command: Array
-    ) -> tuple[Array, Array, StepMeasures]:
+    ) -> tuple[Array, Array, StepMeasures, Array]:
         times = jnp.arange(qpos.shape[0], dtype=jnp.float32) * ctrl_dt
         datas = jax.vmap(lambda q, v, t: engine.make_data(q, v).replace(time=t))(qpos, qvel, times)
         previous_actions = jnp.concatenate([jnp.zeros_like(action[:1]), action[:-1]])
         start_states = {key: c.initial_state(engine.layout) for key, c in parts.stateful}
 
-        def body(states: dict[str, Any], t: Array) -> tuple[dict[str, Any], tuple[Array, Array, StepMeasures]]:
+        def body(states: dict[str, Any], t: Array) -> tuple[dict[str, Any], tuple[Array, Array, StepMeasures, Array]]:
             data, prev = (jax.tree.map(lambda leaf, i=i: leaf[i], datas) for i in (t + 1, t))
             ctx = engine.context(data, prev, action[t], previous_actions[t], ctrl[t], command[t])
+            flags = termination_flags(parts, ctx, states)
             terminated, _, reward, states = judge_step(parts, ctx, states)
-            return states, (reward, terminated, step_measures(parts.command, ctx))
+            return states, (reward, terminated, step_measures(parts.command, ctx), flags)
 
         _, per_step = jax.lax.scan(body, start_states, jnp.arange(action.shape[0]))
         return per_step
@@ -80,15 +82,16 @@ def judge_episodes(environment: Environment, episodes: Sequence[RecordedEpisode]
     judge = make_judge(environment)
     motion = environment.components.command
     motion = motion if isinstance(motion, MotionCommand) else None
-    returns, lengths, fell, measures, own = [], [], [], [], []
+    returns, lengths, fell, measures, own, ended_by = [], [], [], [], [], []
     for episode in episodes:
         command = episode.command
         if motion is not None and episode.motion_frame is not None:
             command = np.asarray(jax.vmap(motion.value_at)(jnp.asarray(episode.motion_frame)))
         arrays = (episode.qpos, episode.qvel, episode.action, episode.ctrl, command)
-        reward, terminated, per_step = jax.device_get(judge(*(jnp.asarray(a, jnp.float32) for a in arrays)))
+        reward, terminated, per_step, flags = jax.device_get(judge(*(jnp.asarray(a, jnp.float32) for a in arrays)))
         ended = np.flatnonzero(terminated)
         length = int(ended[0]) + 1 if ended.size else len(reward)
+        ended_by.append(flags[length - 1] if ended.size else np.zeros(flags.shape[-1], bool))
         returns.append(reward[:length].sum())
         lengths.append(length)
         fell.append(bool(ended.size))
@@ -113,6 +116,7 @@ def judge_episodes(environment: Environment, episodes: Sequence[RecordedEpisode]
         drift_speed,
         {name: np.asarray([m[name] for m in own]) for name in own[0]} if own and own[0] else None,
         *motion_clips(motion, episodes),
+        dict(zip(environment.components.termination_names, np.asarray(ended_by).T, strict=True)) if episodes else None,
     )
 
 
