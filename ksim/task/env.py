@@ -319,7 +319,7 @@ class Environment:
         )
         next_obs = jnp.where(diverged, 0.0, self.observe(ctx.replace(command=command)))
         next_critic_obs = jnp.where(diverged, 0.0, self.observe_critic(ctx.replace(command=command)))
-        terminated, reward_terms, reward, component_state = judge_step(parts, ctx, episode.component_state)
+        terminated, _, reward_terms, reward, component_state = judge_step(parts, ctx, episode.component_state)
         episode_length = episode.episode_length + 1
         out_of_time = episode_length >= self.settings.max_episode_steps
         truncated = (out_of_time | command_ended(parts.command, command_state)) & ~terminated
@@ -365,11 +365,13 @@ def termination_flags(parts: Components, ctx: StepContext, states: dict[str, Any
 
 def judge_step(
     parts: Components, ctx: StepContext, states: dict[str, Any]
-) -> tuple[Array, dict[str, Array], Array, dict[str, Any]]:
-    """What the task's terminations and rewards make of one control step: (terminated, reward terms, reward, the
-    stateful components' next state); a step whose physics diverged terminates and earns nothing."""
+) -> tuple[Array, Array, dict[str, Array], Array, dict[str, Any]]:
+    """What the task's terminations and rewards make of one control step: (terminated, which terminations fired
+    (`termination_flags`), reward terms, reward, the stateful components' next state); a step whose physics
+    diverged terminates and earns nothing."""
     diverged = physics_diverged(ctx)
-    terminated = diverged | jnp.any(termination_flags(parts, ctx, states))
+    flags = termination_flags(parts, ctx, states)
+    terminated = diverged | jnp.any(flags)
     ended = ctx.replace(terminated=terminated)  # a termination penalty reads it
     reward_terms = {
         name: reward(parts.with_state(reward, ended, states))
@@ -377,4 +379,4 @@ def judge_step(
     }
     reward = jnp.where(diverged, 0.0, sum(reward_terms.values(), jnp.zeros(())))
     component_state = {key: c.next_state(ctx.replace(state=states[key])) for key, c in parts.stateful}
-    return terminated, reward_terms, reward, component_state
+    return terminated, flags, reward_terms, reward, component_state

@@ -196,7 +196,7 @@ def run_training(
     if run_dir:
         print(f"startup and compilation: {time.perf_counter() - start_time:.1f} s", flush=True)
     start_step, window = step, []  # window: metrics of the steps since the last log line, still on device
-    best = BestEvaluation(task, run_dir)
+    best = BestEvaluation(task, run_dir) if run_dir else None
     watchdog = Watchdog(config.watchdog_timeout_s, task.hang_diagnosis)
     with GracefulStop(hold_sigterm=jax.process_count() > 1) as stop, watchdog:
         try:
@@ -227,6 +227,7 @@ def run_training(
                     eval_seconds += time.perf_counter() - eval_start
                     if run_dir:
                         logger.log_eval(step, env_steps, eval_scalars)
+                    if best:
                         best.consider(state, step, env_steps, eval_scalars)
                 if config.save_every_n_steps and step % config.save_every_n_steps == 0:
                     checkpoints.saved(step, task.checkpoints.save(run_dir, state, step, env_steps) if run_dir else None)
@@ -277,14 +278,14 @@ class BestEvaluation:
     """Keeps the checkpoint of the run's best evaluation as ckpt_best.bin (on the process that writes the run):
     evaluations swing between train steps, and the one to deploy is the best one, not the last."""
 
-    def __init__(self, task: TrainingTask, run_dir: Path | None) -> None:
+    def __init__(self, task: TrainingTask, run_dir: Path) -> None:
         self.task, self.run_dir = task, run_dir
-        self.score = best_score(run_dir) if run_dir else None
+        self.score = best_score(run_dir)
 
     def consider(self, state: TrainState, step: int, env_steps: int, scalars: dict[str, float]) -> None:
         """Saves this train step's checkpoint as the best if its evaluation scores higher than every earlier one."""
         score = self.task.evaluation_score(scalars)
-        if self.run_dir is None or (self.score is not None and score <= self.score):
+        if self.score is not None and score <= self.score:
             return
         self.score = score
         path = self.task.checkpoints.save_best(self.run_dir, state, step, env_steps, {"score": score, **scalars})

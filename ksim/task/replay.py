@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ksim.task.env import Environment, judge_step, termination_flags
+from ksim.task.env import Environment, judge_step
 from ksim.task.evaluation import EvalResult, StepMeasures, mean_drift, step_measures, tracks_velocity
 from ksim.tracking import MotionCommand
 
@@ -67,8 +67,7 @@ def make_judge(environment: Environment) -> Callable[..., tuple[Array, Array, St
         def body(states: dict[str, Any], t: Array) -> tuple[dict[str, Any], tuple[Array, Array, StepMeasures, Array]]:
             data, prev = (jax.tree.map(lambda leaf, i=i: leaf[i], datas) for i in (t + 1, t))
             ctx = engine.context(data, prev, action[t], previous_actions[t], ctrl[t], command[t])
-            flags = termination_flags(parts, ctx, states)
-            terminated, _, reward, states = judge_step(parts, ctx, states)
+            terminated, flags, _, reward, states = judge_step(parts, ctx, states)
             return states, (reward, terminated, step_measures(parts.command, ctx), flags)
 
         _, per_step = jax.lax.scan(body, start_states, jnp.arange(action.shape[0]))
