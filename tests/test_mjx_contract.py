@@ -122,7 +122,7 @@ def compare(mj_model: mujoco.MjModel) -> None:
     assert mjx_contract.constraint_rows(ours) > 0  # limits, contacts, the equality and the tendon limit
 
 
-# Each integrator once (RK4 with contacts runs in tests/test_public_models.py, on the ant and the hopper).
+# Each integrator once (RK4 with contacts runs in tests/test_public_models.py, on the ant).
 @pytest.mark.parametrize(("integrator", "contact"), [("Euler", True), ("implicitfast", True), ("RK4", False)])
 def test_control_step_equals_mjx_steps_for_every_integrator(integrator: str, contact: bool) -> None:
     compare(contract_model(integrator, contact=contact, touch=contact))
