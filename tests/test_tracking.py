@@ -276,6 +276,8 @@ def test_evaluation_starts_every_clip_at_its_first_frame_and_reports_it(task: Ar
     np.testing.assert_array_equal(result.lengths, np.where(result.clip == 0, 10, 20))  # each clip's whole length
     scalars = summary_scalars(result)
     assert scalars["eval/success_rate"] == 1.0 and scalars["eval/raise/success_rate"] == 1.0
+    assert scalars["eval/swing/episodes"] + scalars["eval/raise/episodes"] == len(result.clip)
+    assert scalars["eval/swing/episodes"] == np.sum(result.clip == 0)
     # The policy holds the arms still (action_scale 0): the reference's swing is the error.
     assert 0.05 < scalars["eval/swing/joint_error"] < scalars["eval/raise/joint_error"]
     # Env 0's video shows the reference beside it: the clip's frames from its first, one per control step.

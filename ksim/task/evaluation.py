@@ -240,8 +240,8 @@ def summary_scalars(result: EvalResult) -> dict[str, float]:
 
 
 def per_clip_scalars(result: EvalResult) -> dict[str, float]:
-    """A motion's evaluation per clip: success rate (reaching the clip's end) and each measure's mean over the
-    clip's episodes."""
+    """A motion's evaluation per clip: how many episodes played it, their success rate (reaching the clip's end)
+    and each measure's mean over them."""
     scalars: dict[str, float] = {}
     if result.clip is None:
         return scalars
@@ -249,6 +249,7 @@ def per_clip_scalars(result: EvalResult) -> dict[str, float]:
         mine = result.clip == index
         if not np.any(mine):
             continue
+        scalars[f"eval/{clip}/episodes"] = float(np.sum(mine))
         scalars[f"eval/{clip}/success_rate"] = float(1.0 - np.mean(result.fell[mine]))
         for name, values in (result.command_measures or {}).items():
             scalars[f"eval/{clip}/{name}"] = float(np.mean(values[mine]))
