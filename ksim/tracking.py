@@ -466,6 +466,19 @@ class AnchorPositionTracking(_Tracking, Reward):
 
 
 @dataclass(frozen=True)
+class AnchorHorizontalVelocityTracking(_Tracking, Reward):
+    """The anchor's horizontal world velocity against the reference's: a slow drift, which the position kernels
+    barely price over a short episode, costs from its first step."""
+
+    std: float = 0.25
+
+    def value(self, ctx: StepContext) -> Array:
+        reference, robot = self.poses(ctx)
+        a = self.motion.anchor
+        return kernel(jnp.sum(jnp.square(reference.body_lin_vel[a, :2] - robot.body_lin_vel[a, :2])), self.std)
+
+
+@dataclass(frozen=True)
 class AnchorOrientationTracking(_Tracking, Reward):
     """The anchor's world orientation against the reference's (the angle between them)."""
 

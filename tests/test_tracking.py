@@ -231,13 +231,17 @@ def test_envs_count_their_failures_and_start_more_episodes_before_them(task: Arm
     assert in_swing.mean() > 0.85  # 0.9 of the starts go to the failing bin and the one before it, 0.1 spread
 
 
-def on_reference(task: ArmsTask, frame: int, shift: np.ndarray, yaw: float) -> StepContext:
-    """A context whose robot is the reference's pose at `frame` + 1, moved by `shift` and turned by `yaw`."""
+def on_reference(
+    task: ArmsTask, frame: int, shift: np.ndarray, yaw: float, push: tuple[float, float, float] = (0.0, 0.0, 0.0)
+) -> StepContext:
+    """A context whose robot is the reference's pose at `frame` + 1, moved by `shift`, turned by `yaw` and its root
+    moving at the reference's velocity + `push` (world, m/s)."""
     motion, engine = task.motion, task.environment.engine
     qpos = np.array(motion.table.qpos[frame + 1])
     qpos[:3] += shift
     qpos[3:7] = [np.cos(yaw / 2), 0, 0, np.sin(yaw / 2)]
     qvel = np.array(motion.table.qvel[frame + 1])
+    qvel[:3] += np.asarray(push)
     data = engine.make_data(jnp.asarray(qpos, jnp.float32), jnp.asarray(qvel, jnp.float32))
     action = jnp.zeros(engine.action_dim)
     return engine.context(data, data, action, action, data.ctrl, motion.value_at(jnp.asarray(frame)))
@@ -248,6 +252,7 @@ def test_rewards_are_one_on_the_reference_and_the_bodies_ignore_the_robots_drift
     exact = on_reference(task, 4, np.zeros(3), 0.0)
     for reward in (
         trk.AnchorPositionTracking(scale=1.0, motion=motion),
+        trk.AnchorHorizontalVelocityTracking(scale=1.0, motion=motion),
         trk.AnchorOrientationTracking(scale=1.0, motion=motion),
         trk.BodyPositionTracking(scale=1.0, motion=motion),
         trk.BodyOrientationTracking(scale=1.0, motion=motion),
@@ -261,6 +266,11 @@ def test_rewards_are_one_on_the_reference_and_the_bodies_ignore_the_robots_drift
     assert float(trk.BodyOrientationTracking(scale=1.0, motion=motion).value(drifted)) == pytest.approx(1.0, abs=1e-3)
     assert float(trk.AnchorPositionTracking(scale=1.0, motion=motion).value(drifted)) == pytest.approx(
         np.exp(-0.13 / 0.09), rel=1e-3
+    )
+    # Drifting back at 0.1 m/s (and sinking at 0.2, which it ignores): the horizontal velocity kernel's std is 0.25.
+    drifting = on_reference(task, 4, np.zeros(3), 0.0, push=(-0.1, 0.0, -0.2))
+    assert float(trk.AnchorHorizontalVelocityTracking(scale=1.0, motion=motion).value(drifting)) == pytest.approx(
+        np.exp(-0.01 / 0.0625), rel=1e-3
     )
     errors = motion.measures(drifted)
     assert float(errors["body_error_anchor"]) == pytest.approx(0.0, abs=1e-4)  # the pose itself is right
