@@ -37,12 +37,10 @@ $(STAMP): pyproject.toml constraints-cpu.txt
 # Each test file runs in a process of its own (programs compiled by one still reach the others through the
 # persistent compilation cache): jaxlib 0.9.2's XLA:CPU crashed (SIGSEGV in executable.serialize(), writing a
 # cache entry) in one process that had compiled every module's programs before, twice in CI and once here,
-# at the same fixture, which passes in a fresh process.
+# at the same fixture, which passes in a fresh process. TEST_JOBS files at a time (tests/run_files.sh).
+TEST_JOBS ?= 2
 test: install
-	@failed=""; for file in tests/test_*.py; do \
-		echo "== $$file"; $(BIN)/python -m pytest -q $$file || failed="$$failed $$file"; \
-	done; \
-	if [ -n "$$failed" ]; then echo "FAILED:$$failed"; exit 1; fi; echo "all test files passed"
+	@PYTHON=$(BIN)/python bash tests/run_files.sh $(TEST_JOBS)
 
 # physics_impl=warp's tests need warp-lang (the warp extra: the warp-lang that mujoco-mjx 3.17's own warp extra
 # pins), which dev leaves out because it slows every `import mujoco.mjx`. It goes into a folder of the venv that
