@@ -4,8 +4,9 @@ Training writes the same picture when it ends. The curves are read from `scalars
 per log line): the mean return and length of the episodes that ended in each logging window, and the
 deterministic evaluation return where the run evaluated (`eval_every_n_steps`), against env steps. Runs
 whose evaluations measured locomotion get a third panel: the evaluation's fall rate beside its command and
-yaw-rate errors where the task has a velocity command, else its base speed; runs on a terrain with a curriculum
-one more: the training envs' mean terrain level.
+yaw-rate errors where the task has a velocity command, a motion-tracking run's success rate beside its body
+position errors (cm), else its base speed; runs on a terrain with a curriculum one more: the training envs' mean
+terrain level.
 """
 
 from __future__ import annotations
@@ -69,6 +70,25 @@ def draw_locomotion_panel(axis: Any, rows: list[dict[str, float]]) -> None:
     axis.legend(lines, [line.get_label() for line in lines], loc="center right", fontsize=8)
 
 
+def draw_motion_panel(axis: Any, rows: list[dict[str, float]]) -> None:
+    """A motion-tracking run's evaluation: the share of episodes that reach the clip's end (right axis, 0 to 1) and,
+    left, the mean body position error in the anchor's frame and in the world (cm)."""
+    for key, marker, color, label in (
+        ("eval/body_error_anchor", "o-", "tab:green", "body error, anchor frame (cm)"),
+        ("eval/body_error_world", "^-", "tab:purple", "body error, world (cm)"),
+    ):
+        steps, errors = series(rows, key)
+        axis.plot(steps, [100.0 * error for error in errors], marker, color=color, label=label)
+    axis.set(xlabel="env steps", ylabel="cm", title="Evaluation: tracking and success")
+    axis.grid(alpha=0.3)
+    axis.ticklabel_format(axis="x", style="sci", scilimits=(0, 0))
+    success_axis = axis.twinx()
+    success_axis.plot(*series(rows, "eval/success_rate"), "s--", color="tab:red", label="success rate")
+    success_axis.set(ylabel="success rate", ylim=(-0.05, 1.05))
+    lines = axis.get_lines() + success_axis.get_lines()
+    axis.legend(lines, [line.get_label() for line in lines], loc="center right", fontsize=8)
+
+
 def draw_terrain_panel(axis: Any, rows: list[dict[str, float]]) -> None:
     """The terrain curriculum's mean level over the training envs, and the level evaluations ran on."""
     axis.plot(*series(rows, "terrain/mean_level"), color="tab:brown", label="training envs' mean level")
@@ -78,7 +98,8 @@ def draw_terrain_panel(axis: Any, rows: list[dict[str, float]]) -> None:
 
 
 def learning_curve_figure(rows: list[dict[str, float]], title: str) -> Figure:
-    """The panels for a run's logged rows: return, length, then locomotion and terrain where the run has them."""
+    """The panels for a run's logged rows: return, length, then motion tracking (or else locomotion) and terrain
+    where the run has them."""
     from matplotlib.figure import Figure  # without pyplot: a file needs no backend or display (and loads faster)
 
     locomotion = any("eval/base_speed_x" in row for row in rows)
@@ -88,7 +109,9 @@ def learning_curve_figure(rows: list[dict[str, float]], title: str) -> Figure:
     axes = figure.subplots(1, panels)
     draw_panel(axes[0], rows, "return", "episode return", "training episodes (mean per log line)")
     draw_panel(axes[1], rows, "length", "control steps", "training episodes")
-    if locomotion:
+    if locomotion and any("eval/success_rate" in row for row in rows):
+        draw_motion_panel(axes[2], rows)
+    elif locomotion:
         draw_locomotion_panel(axes[2], rows)
     if terrain:
         draw_terrain_panel(axes[-1], rows)

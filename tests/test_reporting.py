@@ -68,6 +68,19 @@ def test_a_run_with_a_command_plots_its_tracking_errors_not_its_world_x_speed() 
         assert [line.get_label() for line in panel.get_lines()] == labels
 
 
+def test_a_motion_tracking_run_plots_its_success_rate_and_body_errors_in_cm() -> None:
+    train = {"step": 1, "env_steps": 1000, "episode_return": 1.0, "episode_length": 5.0}
+    evaluation = {"eval/return": 2.0, "eval/length": 5.0, "eval/base_speed_x": 0.1, "eval/fall_rate": 0.25}
+    motion = {**evaluation, "eval/success_rate": 0.75, "eval/body_error_anchor": 0.04, "eval/body_error_world": 0.09}
+    figure = learning_curve_figure([train, {"step": 1, "env_steps": 1000, **motion}], "run")
+    panel = figure.axes[2]
+    assert panel.get_title() == "Evaluation: tracking and success"
+    errors = {line.get_label(): list(line.get_ydata()) for line in panel.get_lines()}
+    assert errors == {"body error, anchor frame (cm)": [4.0], "body error, world (cm)": [9.0]}
+    (success,) = next(axis for axis in figure.axes if axis.get_ylabel() == "success rate").get_lines()
+    assert list(success.get_ydata()) == [0.75]
+
+
 def test_plot_of_a_folder_that_is_no_run_is_a_clear_error(tmp_path: Path, capsys) -> None:
     assert plot_main([str(tmp_path)]) == 2
     assert f"{tmp_path / 'scalars.jsonl'} does not exist: is {tmp_path} a ksim run folder?" in capsys.readouterr().err
