@@ -61,12 +61,17 @@ def draw_locomotion_panel(axis: Any, rows: list[dict[str, float]]) -> None:
     else:
         axis.plot(*series(rows, "eval/base_speed_x"), "o-", color="tab:green", label="base speed x (m/s)")
         axis.set(xlabel="env steps", ylabel="m/s", title="Evaluation: speed and falls")
+    add_rate_axis(axis, rows, "eval/fall_rate", "fall rate")
+
+
+def add_rate_axis(axis: Any, rows: list[dict[str, float]], key: str, label: str) -> None:
+    """Grid and sci-notation env steps on an evaluation panel, a rate (0 to 1) on its right axis, one legend."""
     axis.grid(alpha=0.3)
     axis.ticklabel_format(axis="x", style="sci", scilimits=(0, 0))
-    fall_axis = axis.twinx()
-    fall_axis.plot(*series(rows, "eval/fall_rate"), "s--", color="tab:red", label="fall rate")
-    fall_axis.set(ylabel="fall rate", ylim=(-0.05, 1.05))
-    lines = axis.get_lines() + fall_axis.get_lines()
+    rate_axis = axis.twinx()
+    rate_axis.plot(*series(rows, key), "s--", color="tab:red", label=label)
+    rate_axis.set(ylabel=label, ylim=(-0.05, 1.05))
+    lines = axis.get_lines() + rate_axis.get_lines()
     axis.legend(lines, [line.get_label() for line in lines], loc="center right", fontsize=8)
 
 
@@ -80,13 +85,7 @@ def draw_motion_panel(axis: Any, rows: list[dict[str, float]]) -> None:
         steps, errors = series(rows, key)
         axis.plot(steps, [100.0 * error for error in errors], marker, color=color, label=label)
     axis.set(xlabel="env steps", ylabel="cm", title="Evaluation: tracking and success")
-    axis.grid(alpha=0.3)
-    axis.ticklabel_format(axis="x", style="sci", scilimits=(0, 0))
-    success_axis = axis.twinx()
-    success_axis.plot(*series(rows, "eval/success_rate"), "s--", color="tab:red", label="success rate")
-    success_axis.set(ylabel="success rate", ylim=(-0.05, 1.05))
-    lines = axis.get_lines() + success_axis.get_lines()
-    axis.legend(lines, [line.get_label() for line in lines], loc="center right", fontsize=8)
+    add_rate_axis(axis, rows, "eval/success_rate", "success rate")
 
 
 def draw_terrain_panel(axis: Any, rows: list[dict[str, float]]) -> None:
