@@ -166,8 +166,8 @@ DEFAULT_CONFIG = KBotConfig(
     robot_inputs_only=True,
 )
 
-# 8x the envs on one GPU: the learner's rule makes it 32 minibatches of 64 envs, a KL target sqrt(8) and a clip
-# 8^(1/4) times as large (docs/multi-device.md measures what that buys); 1200 train steps are 59M env steps.
+# 8x the envs on one GPU: the learner's rule makes it 32 minibatches of 64 envs, a KL target 8^(3/4) and a clip
+# 8^(3/8) times as large (docs/multi-device.md measures what that buys); 1200 train steps are 59M env steps.
 GPU_CONFIG = replace(DEFAULT_CONFIG, preset="gpu", num_envs=2048, num_steps=1200)
 PRESETS = {"cpu": DEFAULT_CONFIG, "gpu": GPU_CONFIG}
 

@@ -226,13 +226,13 @@ def test_cpu_programs_are_capped_at_avx2_on_x86_only(monkeypatch: pytest.MonkeyP
 
 @pytest.mark.parametrize("num_devices", [2])
 def test_the_scaled_learner_updates_alike_on_one_and_n_devices(rollout_data: tuple, num_devices: int) -> None:
-    """At 4x the reference's envs the adaptive rule steers to twice the KL target with a clip sqrt(2) as wide, on
-    every device count."""
+    """At 4x the reference's envs the adaptive rule steers to 4^(3/4) times the KL target with a clip 4^(3/8) times
+    as wide, on every device count."""
     scaled = {**ONE_MINIBATCH, "learning_rate_schedule": "adaptive", "reference_num_envs": 2, "desired_kl": 1e-3}
     shared, trajectory = rollout_data
     rng = jax.random.PRNGKey(7)
     single = CartpoleTask(cartpole_config(**scaled))
-    assert single.desired_kl == pytest.approx(2e-3) and single.clip_eps == pytest.approx(0.2 * 4**0.25)
+    assert single.desired_kl == pytest.approx(1e-3 * 4**0.75) and single.clip_eps == pytest.approx(0.2 * 4**0.375)
     start = single.init_shared(jax.random.PRNGKey(0)).replace(normalizer=shared.normalizer)
     expected, expected_metrics = single.programs["update"](start, trajectory, rng)
 

@@ -80,7 +80,7 @@ def test_walking_presets_cpu_by_default_and_gpu_with_every_sim2real_component() 
     assert cpu.learner_line() == ""
     assert gpu.learner_line() == (
         "learner: 2048 envs, 16x the reference_num_envs=128: 64 minibatches of 32 envs, "
-        "desired_kl 0.04 (0.01 x sqrt 16), clip_eps 0.4 (0.2 x 16^(1/4)), policy_average_decay 0.92 (1 - 0.005 x 16)"
+        "desired_kl 0.08 (0.01 x 16^(3/4)), clip_eps 0.566 (0.2 x 16^(3/8)), policy_average_decay 0.92 (1 - 0.005 x 16)"
     )
     assert (
         len(gpu.components.randomizations) == 9
@@ -99,12 +99,12 @@ def test_kbot_gpu_preset_is_the_cpu_learner_scaled_and_says_what_it_costs_on_a_c
     assert kbot.preset_from_command_line(kbot.PRESETS, ["num_envs=8"]) is kbot.DEFAULT_CONFIG
     assert kbot.preset_from_command_line(kbot.PRESETS, ["preset=gpu"]) is kbot.GPU_CONFIG
     task = kbot.KBotTask(kbot.GPU_CONFIG)  # builds the model and checks every component; nothing compiles
-    assert task.num_minibatches == 32 and task.desired_kl == pytest.approx(0.02 * 8**0.5)
-    assert task.clip_eps == pytest.approx(0.2 * 8**0.25)
+    assert task.num_minibatches == 32 and task.desired_kl == pytest.approx(0.02 * 8**0.75)
+    assert task.clip_eps == pytest.approx(0.2 * 8**0.375)
     printed = capsys.readouterr().out.strip().splitlines()
     assert printed == [
         "learner: 2048 envs, 8x the reference_num_envs=256: 32 minibatches of 64 envs, "
-        "desired_kl 0.0566 (0.02 x sqrt 8), clip_eps 0.336 (0.2 x 8^(1/4))",
+        "desired_kl 0.0951 (0.02 x 8^(3/4)), clip_eps 0.436 (0.2 x 8^(3/8))",
         "note: preset=gpu is sized for GPUs and runs here on the CPU: 49,152 env steps per train step, 8x preset=cpu's "
         "6,144, so each train step takes about 8x as long",
     ]

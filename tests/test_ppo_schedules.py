@@ -248,18 +248,18 @@ def test_step_shuffling_is_the_update_of_one_step_trajectories(rollout: tuple[An
         CartpoleTask(cartpole_config(minibatch_shuffle="steps", recurrent_size=4))
 
 
-def test_the_kl_target_grows_with_the_square_root_of_the_envs() -> None:
+def test_the_kl_target_grows_with_the_envs_to_the_three_quarters() -> None:
     assert scaled_desired_kl(0.02, 2048, 0) == 0.02  # no reference: no scaling
     assert scaled_desired_kl(0.02, 256, 256) == 0.02
-    assert scaled_desired_kl(0.02, 1024, 256) == pytest.approx(0.04)
-    assert scaled_desired_kl(0.02, 2048, 256) == pytest.approx(0.02 * 8**0.5)
-    assert scaled_desired_kl(0.02, 64, 256) == pytest.approx(0.01)
+    assert scaled_desired_kl(0.02, 4096, 256) == pytest.approx(0.16)  # 16x the envs: 8x the KL target
+    assert scaled_desired_kl(0.02, 2048, 256) == pytest.approx(0.02 * 8**0.75)
+    assert scaled_desired_kl(0.02, 16, 256) == pytest.approx(0.0025)  # fewer envs: a smaller step
 
 
 def test_the_clip_widens_with_the_square_root_of_the_kl_target() -> None:
     assert scaled_clip_eps(0.2, 2048, 0) == 0.2
     assert scaled_clip_eps(0.2, 256, 256) == 0.2
-    assert scaled_clip_eps(0.2, 4096, 256) == pytest.approx(0.4)  # 16x the envs: 4x the KL target
+    assert scaled_clip_eps(0.2, 4096, 256) == pytest.approx(0.2 * 8**0.5)  # 16x the envs: 8x the KL target
     for envs in (512, 1024, 2048):  # the log-ratio spread sqrt(2 KL) grows as the clip does
         kl_growth = scaled_desired_kl(0.02, envs, 256) / 0.02
         assert scaled_clip_eps(0.2, envs, 256) / 0.2 == pytest.approx(kl_growth**0.5)
@@ -292,14 +292,14 @@ def test_the_learner_follows_the_global_env_count_on_any_device_count(num_envs: 
     )
     task = DistributedCartpoleTask(config)  # builds and checks; nothing compiles
     assert task.num_minibatches == num_envs // 4
-    assert task.desired_kl == pytest.approx(0.01 * (num_envs / 8) ** 0.5)
-    assert task.clip_eps == pytest.approx(0.2 * (num_envs / 8) ** 0.25)
+    assert task.desired_kl == pytest.approx(0.01 * (num_envs / 8) ** 0.75)
+    assert task.clip_eps == pytest.approx(0.2 * (num_envs / 8) ** 0.375)
     line = task.learner_line()
     if num_envs == 8:
         assert line == ""
     else:
         assert line == (
             f"learner: {num_envs} envs, {num_envs // 8}x the reference_num_envs=8: {num_envs // 4} minibatches of 4 "
-            f"envs, desired_kl {task.desired_kl:.3g} (0.01 x sqrt {num_envs // 8}), clip_eps {task.clip_eps:.3g} "
-            f"(0.2 x {num_envs // 8}^(1/4))"
+            f"envs, desired_kl {task.desired_kl:.3g} (0.01 x {num_envs // 8}^(3/4)), clip_eps {task.clip_eps:.3g} "
+            f"(0.2 x {num_envs // 8}^(3/8))"
         )

@@ -5,7 +5,6 @@ they are testable on their own.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -155,27 +154,30 @@ def adapt_learning_rate(
 
 def scaled_desired_kl(desired_kl: float, num_envs: int, reference_num_envs: int) -> float:
     """The adaptive rule's KL target for `num_envs` envs, from `desired_kl` tuned at `reference_num_envs`
-    (0: no reference, no scaling): times sqrt(num_envs / reference_num_envs).
+    (0: no reference, no scaling): times (num_envs / reference_num_envs) ** (3/4).
 
     The adaptive rule holds each update's KL from the rollout's policy near its target whatever the batch, so
     without this a larger batch buys a better-aimed step of the same size, not a larger one (docs/training.md,
-    "Adding envs"). A gradient averaged over k times the samples has 1/sqrt(k) of the noise; the step the target
-    allows grows with the same factor."""
+    "Adding envs"). At k times the envs a train step makes k times the optimizer steps, which at an unchanged rate
+    would move the policy k (steps that are noise) to k ** 2 (steps that agree) times as far in KL. A target
+    sqrt(k) times as large made the rule halve K-Bot's rate at 8x the envs and bought 3.3x fewer train steps to its
+    target; k ** (3/4) bought 4.3x (docs/multi-device.md)."""
     if reference_num_envs <= 0:
         return desired_kl
-    return desired_kl * math.sqrt(num_envs / reference_num_envs)
+    return desired_kl * (num_envs / reference_num_envs) ** 0.75
 
 
 def scaled_clip_eps(clip_eps: float, num_envs: int, reference_num_envs: int) -> float:
     """The ratio clip for `num_envs` envs where the KL target follows `scaled_desired_kl`: times
-    (num_envs / reference_num_envs) ** (1/4) (0: no reference, no scaling).
+    (num_envs / reference_num_envs) ** (3/8), the square root of the KL target's factor (0: no reference, no
+    scaling).
 
-    A KL of d between nearby policies spreads the log-ratios over about sqrt(2 d), so a KL target sqrt(k) times as
-    large needs a clip k ** (1/4) times as wide to clip the same share of samples; with the clip left as it was,
+    A KL of d between nearby policies spreads the log-ratios over about sqrt(2 d), so a KL target m times as
+    large needs a clip sqrt(m) times as wide to clip the same share of samples; with the clip left as it was,
     K-Bot at 8x the envs clipped 53% of them (27-33% at the reference) and the wider target bought less."""
     if reference_num_envs <= 0:
         return clip_eps
-    return clip_eps * (num_envs / reference_num_envs) ** 0.25
+    return clip_eps * (num_envs / reference_num_envs) ** 0.375
 
 
 def scaled_average_decay(decay: float, num_envs: int, reference_num_envs: int) -> float:

@@ -60,7 +60,7 @@ class PPOConfig(RLConfig):
         0,
         help="The num_envs the learner's settings were tuned at (0: num_envs itself). At another num_envs the "
         "minibatches stay batch_size envs each (so their count follows num_envs) and, under the adaptive "
-        "schedules, desired_kl is scaled by sqrt(num_envs / reference_num_envs) and clip_eps by its square root; "
+        "schedules, desired_kl is scaled by (num_envs / reference_num_envs) ** (3/4) and clip_eps by its square root; "
         "policy_average_decay's average spans as many env steps: a user who adds devices and envs changes "
         "num_envs alone (docs/training.md, 'Adding envs').",
     )
@@ -291,8 +291,8 @@ class PPOTask(RLTask[PPOConfigT]):
             return ""
         factor = config.num_envs / config.reference_num_envs
         kl = (
-            f", desired_kl {self.desired_kl:.3g} ({config.desired_kl:g} x sqrt {factor:g}), clip_eps "
-            f"{self.clip_eps:.3g} ({config.clip_eps:g} x {factor:g}^(1/4))"
+            f", desired_kl {self.desired_kl:.3g} ({config.desired_kl:g} x {factor:g}^(3/4)), clip_eps "
+            f"{self.clip_eps:.3g} ({config.clip_eps:g} x {factor:g}^(3/8))"
             if self.adapts_learning_rate
             else ""
         )
