@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Any, Protocol
 
 import jax
@@ -152,6 +153,10 @@ def adapt_learning_rate(
     return jnp.clip(adapted, min_learning_rate, max_learning_rate)
 
 
+# The power of num_envs / reference_num_envs that scales the adaptive KL target; the clip takes half of it.
+KL_TARGET_POWER = Fraction(3, 4)
+
+
 def scaled_desired_kl(desired_kl: float, num_envs: int, reference_num_envs: int) -> float:
     """The adaptive rule's KL target for `num_envs` envs, from `desired_kl` tuned at `reference_num_envs`
     (0: no reference, no scaling): times (num_envs / reference_num_envs) ** (3/4).
@@ -164,7 +169,7 @@ def scaled_desired_kl(desired_kl: float, num_envs: int, reference_num_envs: int)
     target; k ** (3/4) bought 4.3x (docs/multi-device.md)."""
     if reference_num_envs <= 0:
         return desired_kl
-    return desired_kl * (num_envs / reference_num_envs) ** 0.75
+    return desired_kl * (num_envs / reference_num_envs) ** float(KL_TARGET_POWER)
 
 
 def scaled_clip_eps(clip_eps: float, num_envs: int, reference_num_envs: int) -> float:
@@ -177,7 +182,7 @@ def scaled_clip_eps(clip_eps: float, num_envs: int, reference_num_envs: int) -> 
     K-Bot at 8x the envs clipped 53% of them (27-33% at the reference) and the wider target bought less."""
     if reference_num_envs <= 0:
         return clip_eps
-    return clip_eps * (num_envs / reference_num_envs) ** 0.375
+    return clip_eps * (num_envs / reference_num_envs) ** float(KL_TARGET_POWER / 2)
 
 
 def scaled_average_decay(decay: float, num_envs: int, reference_num_envs: int) -> float:

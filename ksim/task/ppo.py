@@ -25,6 +25,7 @@ from ksim.learner.networks import (
     gaussian_log_prob,
 )
 from ksim.learner.ppo_update import (
+    KL_TARGET_POWER,
     PPOBatch,
     UpdateHooks,
     adapt_learning_rate,
@@ -291,8 +292,8 @@ class PPOTask(RLTask[PPOConfigT]):
             return ""
         factor = config.num_envs / config.reference_num_envs
         kl = (
-            f", desired_kl {self.desired_kl:.3g} ({config.desired_kl:g} x {factor:g}^(3/4)), clip_eps "
-            f"{self.clip_eps:.3g} ({config.clip_eps:g} x {factor:g}^(3/8))"
+            f", desired_kl {self.desired_kl:.3g} ({config.desired_kl:g} x {factor:g}^({KL_TARGET_POWER})), clip_eps "
+            f"{self.clip_eps:.3g} ({config.clip_eps:g} x {factor:g}^({KL_TARGET_POWER / 2}))"
             if self.adapts_learning_rate
             else ""
         )
