@@ -29,7 +29,8 @@ MOTIONS_DIR = ASSETS_DIR / "motions" / "g1_kimodo"
 FEET_SITES = ("left_foot", "right_foot")
 
 
-def g1_model() -> mujoco.MjModel:
-    """The G1 with its drives' armature on every joint and position servos of the motors' gains and limits."""
-    model = with_motor_armature(load_mujoco_model("g1/g1.xml"), G1_MOTORS)
+def g1_model(keyframe: str | None = None) -> mujoco.MjModel:
+    """The G1 with its drives' armature on every joint and position servos of the motors' gains and limits; its
+    default pose is `keyframe`'s: mjlab's `home` (standing; the first, so without one) or `knees_bent`."""
+    model = with_motor_armature(load_mujoco_model("g1/g1.xml", keyframe), G1_MOTORS)
     return as_position_servos(model, motor_gains(model, G1_MOTORS, NATURAL_FREQUENCY_HZ, DAMPING_RATIO))

@@ -55,9 +55,20 @@ def asset_path(path: str | Path) -> Path:
     return candidate
 
 
-def load_mujoco_model(path: str | Path) -> mujoco.MjModel:
-    """Loads an MJCF file; a bare file name is looked up in ksim's bundled assets."""
-    return mujoco.MjModel.from_xml_path(str(asset_path(path)))
+def load_mujoco_model(path: str | Path, keyframe: str | None = None) -> mujoco.MjModel:
+    """Loads an MJCF file; a bare file name is looked up in ksim's bundled assets. With `keyframe`, that keyframe is
+    the model's only one, so its pose is the default (where episodes reset, what pose rewards and actions offset)."""
+    if keyframe is None:
+        return mujoco.MjModel.from_xml_path(str(asset_path(path)))
+    spec = mujoco.MjSpec.from_file(str(asset_path(path)))
+    names = [key.name for key in spec.keys]
+    if keyframe not in names:
+        raise ConfigError(f"keyframe={keyframe!r}: {path} has no such keyframe; its keyframes are {names}")
+    for key in list(spec.keys):
+        if key.name != keyframe:
+            spec.delete(key)
+    spec.nkey = 0  # sized by the keys left, not by the file's <size nkey>
+    return spec.compile()
 
 
 def rotate(quat: Array, vec: Array) -> Array:

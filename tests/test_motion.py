@@ -179,7 +179,12 @@ def test_the_g1_gets_every_joints_drive_from_its_motor_table(g1: mujoco.MjModel)
     assert model.dof_armature[g1.jnt_dofadr[g1.joint("left_knee_joint").id]] == pytest.approx(drives[knee].armature)
     assert model.actuator_forcerange[knee].tolist() == [-139.0, 139.0]
     assert model.actuator_gainprm[knee, 0] == pytest.approx(float(gains.kp[knee]))
-    # Holding the standing pose with those servos, the G1 stays up.
+
+
+@pytest.mark.parametrize("keyframe", [None, "knees_bent"])
+def test_the_g1_holds_each_of_its_poses_on_its_servos(keyframe: str | None) -> None:
+    model = g1_model(keyframe)
+    assert model.key(0).name == (keyframe or "home") and model.nkey == (2 if keyframe is None else 1)
     data = mujoco.MjData(model)
     data.qpos[:] = model.key_qpos[0]
     data.ctrl[:] = model.key_qpos[0][model.jnt_qposadr[model.actuator_trnid[:, 0]]]
@@ -188,6 +193,11 @@ def test_the_g1_gets_every_joints_drive_from_its_motor_table(g1: mujoco.MjModel)
     assert data.qpos[2] > 0.65
     feet = [data.site_xpos[model.site(name).id, 2] for name in FEET_SITES]
     assert max(feet) < 0.05
+
+
+def test_a_keyframe_the_model_lacks_is_refused_in_one_line() -> None:
+    with pytest.raises(ConfigError, match=r"^keyframe='sitting': g1/g1.xml has no such keyframe; its keyframes are"):
+        g1_model("sitting")
 
 
 def test_a_motor_table_that_does_not_cover_the_joints_exactly_is_refused(g1: mujoco.MjModel) -> None:

@@ -44,12 +44,14 @@ def lowest_capsule_point(model: mujoco.MjModel, data: mujoco.MjData, geom: int) 
     return float(data.geom_xpos[geom, 2] - abs(axis[2]) * half - radius)
 
 
-def add_standing_key(spec: mujoco.MjSpec, model: mujoco.MjModel, qpos: np.ndarray, feet: list[int]) -> None:
-    """Adds the `home` keyframe: `qpos` (the compiled `model`'s layout) with the base lowered until the lowest of
-    the capsule geoms `feet` touches z = 0."""
+def add_standing_key(
+    spec: mujoco.MjSpec, model: mujoco.MjModel, qpos: np.ndarray, feet: list[int], name: str = "home"
+) -> None:
+    """Adds keyframe `name`: `qpos` (the compiled `model`'s layout) with the base lowered until the lowest of the
+    capsule geoms `feet` touches z = 0."""
     data = mujoco.MjData(model)
     data.qpos[:] = qpos
     mujoco.mj_kinematics(model, data)
     qpos = qpos.copy()
     qpos[2] -= min(lowest_capsule_point(model, data, g) for g in feet)
-    spec.add_key(name="home", qpos=qpos.tolist())
+    spec.add_key(name=name, qpos=qpos.tolist())

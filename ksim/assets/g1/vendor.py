@@ -8,8 +8,9 @@ touch anything (condim 3, friction 0.6, priority 1, as mjlab's feet-only collisi
 in group 3, touching nothing); the solver runs 4 iterations (8 line-search) instead of 100 (50). Added, since the
 XML has none: a `<motor>` on each of the 29 joints (gear 1; the task gives them gains and limits from the motors'
 data, see examples/g1_robot.py), an IMU (gyro, accelerometer, orientation) at each of the two IMU sites, a floor, a
-light, and the `home` keyframe with mjlab's standing pose, the base lowered until the feet touch. Joints, inertias
-and sites are untouched.
+light, and two keyframes from mjlab, each with the base lowered until the feet touch: `home` (its standing pose,
+the first, so the default) and `knees_bent` (the pose its G1 tasks start from). Joints, inertias and sites are
+untouched.
 """
 
 from __future__ import annotations
@@ -19,18 +20,30 @@ import sys
 from pathlib import Path
 
 import mujoco
+import numpy as np
 
 from ksim.assets.vendoring import add_standing_key, inline_hulls
 
-# mjlab's standing pose (HOME_KEYFRAME), radians, by joint-name pattern; every other joint 0.
-STANDING = {
-    r".*_hip_pitch_joint": -0.1,
-    r".*_knee_joint": 0.3,
-    r".*_ankle_pitch_joint": -0.2,
-    r".*_shoulder_pitch_joint": 0.2,
-    r".*_elbow_joint": 1.28,
-    r"left_shoulder_roll_joint": 0.2,
-    r"right_shoulder_roll_joint": -0.2,
+# mjlab's keyframes (HOME_KEYFRAME, KNEES_BENT_KEYFRAME), radians, by joint-name pattern; every other joint 0.
+KEYFRAMES = {
+    "home": {
+        r".*_hip_pitch_joint": -0.1,
+        r".*_knee_joint": 0.3,
+        r".*_ankle_pitch_joint": -0.2,
+        r".*_shoulder_pitch_joint": 0.2,
+        r".*_elbow_joint": 1.28,
+        r"left_shoulder_roll_joint": 0.2,
+        r"right_shoulder_roll_joint": -0.2,
+    },
+    "knees_bent": {
+        r".*_hip_pitch_joint": -0.312,
+        r".*_knee_joint": 0.669,
+        r".*_ankle_pitch_joint": -0.363,
+        r".*_shoulder_pitch_joint": 0.2,
+        r".*_elbow_joint": 0.6,
+        r"left_shoulder_roll_joint": 0.2,
+        r"right_shoulder_roll_joint": -0.2,
+    },
 }
 FOOT_GEOM = re.compile(r"(left|right)_foot\d_collision")
 HULL_DECIMALS = 4
@@ -78,13 +91,20 @@ def vendor(source: Path) -> str:
     )
     spec.worldbody.add_light(pos=[0, 0, 3], dir=[0, 0, -1], type=mujoco.mjtLightType.mjLIGHT_DIRECTIONAL)
     model = spec.compile()
+    feet = [g for g in range(model.ngeom) if FOOT_GEOM.fullmatch(model.geom(g).name)]
+    for name, pose in KEYFRAMES.items():
+        add_standing_key(spec, model, posed(model, pose), feet, name)
+    return spec.to_xml()
+
+
+def posed(model: mujoco.MjModel, pose: dict[str, float]) -> np.ndarray:
+    """qpos0 with each joint whose name matches a pattern of `pose` at its angle."""
     qpos = model.qpos0.copy()
     for joint in range(1, model.njnt):
-        for pattern, angle in STANDING.items():
+        for pattern, angle in pose.items():
             if re.fullmatch(pattern, model.joint(joint).name):
                 qpos[model.jnt_qposadr[joint]] = angle
-    add_standing_key(spec, model, qpos, [g for g in range(model.ngeom) if FOOT_GEOM.fullmatch(model.geom(g).name)])
-    return spec.to_xml()
+    return qpos
 
 
 if __name__ == "__main__":
