@@ -5,8 +5,8 @@ per log line): the mean return and length of the episodes that ended in each log
 deterministic evaluation return where the run evaluated (`eval_every_n_steps`), against env steps. Runs
 whose evaluations measured locomotion get a third panel: the evaluation's fall rate beside its command and
 yaw-rate errors where the task has a velocity command, a motion-tracking run's success rate beside its body
-position errors (cm), else its base speed; runs on a terrain with a curriculum one more: the training envs' mean
-terrain level.
+position errors (cm), else its base speed; a run over several clips one more: each clip's success rate; runs on a
+terrain with a curriculum one more: the training envs' mean terrain level.
 """
 
 from __future__ import annotations
@@ -88,6 +88,28 @@ def draw_motion_panel(axis: Any, rows: list[dict[str, float]]) -> None:
     add_rate_axis(axis, rows, "eval/success_rate", "success rate")
 
 
+def clip_names(rows: list[dict[str, float]]) -> list[str]:
+    """The clips a motion run over several clips evaluated one by one (`eval/CLIP/success_rate`), as first logged."""
+    names: dict[str, None] = {}
+    for row in rows:
+        for key in row:
+            scope, _, rest = key.partition("/")
+            clip, _, quantity = rest.partition("/")
+            if scope == "eval" and quantity == "success_rate":
+                names[clip] = None
+    return list(names)
+
+
+def draw_clip_panel(axis: Any, rows: list[dict[str, float]], clips: list[str]) -> None:
+    """Each clip's evaluation success rate (0 to 1)."""
+    for clip in clips:
+        axis.plot(*series(rows, f"eval/{clip}/success_rate"), "o-", markersize=3, label=clip)
+    axis.set(xlabel="env steps", ylabel="success rate", ylim=(-0.05, 1.05), title="Evaluation: success per clip")
+    axis.legend(loc="lower right", fontsize=8)
+    axis.grid(alpha=0.3)
+    axis.ticklabel_format(axis="x", style="sci", scilimits=(0, 0))
+
+
 def draw_terrain_panel(axis: Any, rows: list[dict[str, float]]) -> None:
     """The terrain curriculum's mean level over the training envs, and the level evaluations ran on."""
     axis.plot(*series(rows, "terrain/mean_level"), color="tab:brown", label="training envs' mean level")
@@ -97,13 +119,14 @@ def draw_terrain_panel(axis: Any, rows: list[dict[str, float]]) -> None:
 
 
 def learning_curve_figure(rows: list[dict[str, float]], title: str) -> Figure:
-    """The panels for a run's logged rows: return, length, then motion tracking (or else locomotion) and terrain
-    where the run has them."""
+    """The panels for a run's logged rows: return, length, then motion tracking (or else locomotion), the clips
+    one by one and terrain where the run has them."""
     from matplotlib.figure import Figure  # without pyplot: a file needs no backend or display (and loads faster)
 
     locomotion = any("eval/base_speed_x" in row for row in rows)
+    clips = clip_names(rows)
     terrain = any("terrain/mean_level" in row for row in rows)
-    panels = 2 + locomotion + terrain
+    panels = 2 + locomotion + bool(clips) + terrain
     figure = Figure(figsize=(5 * panels, 3.6))
     axes = figure.subplots(1, panels)
     draw_panel(axes[0], rows, "return", "episode return", "training episodes (mean per log line)")
@@ -112,6 +135,8 @@ def learning_curve_figure(rows: list[dict[str, float]], title: str) -> Figure:
         draw_motion_panel(axes[2], rows)
     elif locomotion:
         draw_locomotion_panel(axes[2], rows)
+    if clips:
+        draw_clip_panel(axes[2 + locomotion], rows, clips)
     if terrain:
         draw_terrain_panel(axes[-1], rows)
     figure.suptitle(title)

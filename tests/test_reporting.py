@@ -81,6 +81,18 @@ def test_a_motion_tracking_run_plots_its_success_rate_and_body_errors_in_cm() ->
     assert list(success.get_ydata()) == [0.75]
 
 
+def test_a_run_over_several_clips_plots_each_clips_success_rate() -> None:
+    train = {"step": 1, "env_steps": 1000, "episode_return": 1.0, "episode_length": 5.0}
+    evaluation = {"eval/return": 2.0, "eval/length": 5.0, "eval/base_speed_x": 0.1, "eval/success_rate": 0.5}
+    clips = {"eval/walk/success_rate": 0.25, "eval/walk/episodes": 4.0, "eval/dance/success_rate": 0.75}
+    rows = [train, {"step": 1, "env_steps": 1000, **evaluation, "eval/ended_by/Fall": 0.5, **clips}]
+    figure = learning_curve_figure(rows, "run")
+    panel = next(axis for axis in figure.axes if axis.get_title() == "Evaluation: success per clip")
+    assert {line.get_label(): list(line.get_ydata()) for line in panel.get_lines()} == {"walk": [0.25], "dance": [0.75]}
+    one_clip = learning_curve_figure([train, {"step": 1, "env_steps": 1000, **evaluation}], "run")
+    assert "Evaluation: success per clip" not in [axis.get_title() for axis in one_clip.axes]
+
+
 def test_plot_of_a_folder_that_is_no_run_is_a_clear_error(tmp_path: Path, capsys) -> None:
     assert plot_main([str(tmp_path)]) == 2
     assert f"{tmp_path / 'scalars.jsonl'} does not exist: is {tmp_path} a ksim run folder?" in capsys.readouterr().err
