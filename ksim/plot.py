@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ksim.reporting import SCALARS_FILE
+from ksim.reporting import SCALARS_FILE, clip_success_rates
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -89,15 +89,8 @@ def draw_motion_panel(axis: Any, rows: list[dict[str, float]]) -> None:
 
 
 def clip_names(rows: list[dict[str, float]]) -> list[str]:
-    """The clips a motion run over several clips evaluated one by one (`eval/CLIP/success_rate`), as first logged."""
-    names: dict[str, None] = {}
-    for row in rows:
-        for key in row:
-            scope, _, rest = key.partition("/")
-            clip, _, quantity = rest.partition("/")
-            if scope == "eval" and quantity == "success_rate":
-                names[clip] = None
-    return list(names)
+    """The clips a motion run over several clips evaluated one by one, as first logged."""
+    return list({clip: None for row in rows for clip in clip_success_rates(row)})
 
 
 def draw_clip_panel(axis: Any, rows: list[dict[str, float]], clips: list[str]) -> None:

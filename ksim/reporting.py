@@ -24,6 +24,17 @@ STDOUT_KEYS = (
 SCALARS_FILE = "scalars.jsonl"
 
 
+def clip_success_rates(scalars: dict[str, float]) -> dict[str, float]:
+    """Per clip, the success rate logged by a motion's evaluation over several clips (`eval/CLIP/success_rate`)."""
+    rates = {}
+    for key, value in scalars.items():
+        scope, _, rest = key.partition("/")
+        clip, _, quantity = rest.partition("/")
+        if scope == "eval" and quantity == "success_rate":
+            rates[clip] = value
+    return rates
+
+
 def format_duration(seconds: float) -> str:
     if not math.isfinite(seconds):
         return "?"

@@ -29,7 +29,7 @@ from ksim.actuators import Actuators, TorqueActuators
 from ksim.commands import Command, VelocityCommand
 from ksim.engine import ModelLayout, StepContext
 from ksim.resets import Reset
-from ksim.task.evaluation import mean_drift, summary_scalars
+from ksim.task.evaluation import default_evaluation_score, mean_drift, summary_scalars
 from ksim.task.ppo import PPOConfig, PPOTask
 
 PUCK_XML = """
@@ -183,3 +183,18 @@ def test_drift_is_net_displacement_not_sway() -> None:
     drift = mean_drift(np.stack([v.sum(axis=0) for v in velocities] + [np.zeros(2)]), np.array([4, 5, 0]))
     np.testing.assert_allclose(drift[:2], [0.0, 0.1], atol=1e-12)
     assert np.isnan(drift[2])
+
+
+def test_the_best_evaluation_over_several_clips_is_the_one_whose_weakest_clip_is_best() -> None:
+    def scored(**clips: float) -> float:
+        rates = {f"eval/{clip}/success_rate": rate for clip, rate in clips.items()}
+        episodes = {f"eval/{clip}/episodes": 10.0 for clip in clips}
+        overall = sum(clips.values()) / len(clips)
+        return default_evaluation_score({"eval/return": 5.0, "eval/success_rate": overall, **rates, **episodes})
+
+    # more success in all but one clip does not outweigh that clip's failing
+    assert scored(walk=0.76, dance=0.96) > scored(walk=0.99, dance=0.55)
+    # with the weakest clips level, the clips together decide
+    assert scored(walk=0.8, dance=1.0) > scored(walk=0.8, dance=0.9)
+    assert default_evaluation_score({"eval/return": 5.0, "eval/success_rate": 0.75}) == 0.75
+    assert default_evaluation_score({"eval/return": 5.0}) == 5.0

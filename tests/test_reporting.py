@@ -9,7 +9,7 @@ import numpy as np
 
 from ksim.plot import learning_curve_figure, series
 from ksim.plot import main as plot_main
-from ksim.reporting import format_duration, format_line, window_scalars
+from ksim.reporting import clip_success_rates, format_duration, format_line, window_scalars
 
 
 def step_metrics(finished: float, return_sum: float, loss: float) -> dict[str, np.ndarray]:
@@ -91,6 +91,12 @@ def test_a_run_over_several_clips_plots_each_clips_success_rate() -> None:
     assert {line.get_label(): list(line.get_ydata()) for line in panel.get_lines()} == {"walk": [0.25], "dance": [0.75]}
     one_clip = learning_curve_figure([train, {"step": 1, "env_steps": 1000, **evaluation}], "run")
     assert "Evaluation: success per clip" not in [axis.get_title() for axis in one_clip.axes]
+
+
+def test_clip_success_rates_are_read_from_the_per_clip_keys_only() -> None:
+    scalars = {"eval/success_rate": 0.5, "eval/walk/success_rate": 0.25, "eval/walk/episodes": 4.0}
+    scalars |= {"eval/ended_by/Fall": 0.5, "eval/dance/success_rate": 0.75, "train/dance/success_rate": 0.1}
+    assert clip_success_rates(scalars) == {"walk": 0.25, "dance": 0.75}
 
 
 def test_plot_of_a_folder_that_is_no_run_is_a_clear_error(tmp_path: Path, capsys) -> None:

@@ -37,7 +37,7 @@ from ksim.resets import Reset
 from ksim.rewards import Reward
 from ksim.task.env import Environment, EnvSettings, bind_components
 from ksim.task.env_pool import EnvPool, reduce_rollout_metrics
-from ksim.task.evaluation import EvalResult, Evaluator
+from ksim.task.evaluation import EvalResult, Evaluator, default_evaluation_score
 from ksim.task.loop import ProcessHooks
 from ksim.task.programs import AheadOfTimeProgram, Program, Programs
 from ksim.task.run_checkpoints import RunCheckpoints, task_metadata
@@ -378,8 +378,9 @@ class RLTask(ABC, Generic[ConfigT]):
 
     def evaluation_score(self, scalars: dict[str, float]) -> float:
         """How good an evaluation is (higher is better), for keeping the run's best checkpoint as ckpt_best.bin: a
-        motion's success rate, else the mean return. A task may weigh its own metrics instead."""
-        return scalars.get("eval/success_rate", scalars["eval/return"])
+        motion's success rate (over several clips, its weakest clip's, ties broken by all of them together), else the
+        mean return. A task may weigh its own metrics instead."""
+        return default_evaluation_score(scalars)
 
     def run(self, settings: Any = None) -> Any:
         """Runs the configured mode on this task (ksim.modes: train, eval, export or view) with the mode's own
