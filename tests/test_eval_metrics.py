@@ -194,6 +194,9 @@ def test_the_best_evaluation_over_several_clips_is_the_one_whose_weakest_clip_is
 
     # more success in all but one clip does not outweigh that clip's failing
     assert scored(walk=0.76, dance=0.96) > scored(walk=0.99, dance=0.55)
+    # nor one episode of it in 200 (an evaluation of 1,000 over five clips), however well the others go
+    level = dict.fromkeys(("walk", "wave", "high5", "dance"), 0.3)
+    assert scored(**level, jumpjack=0.3) > scored(**dict.fromkeys(level, 1.0), jumpjack=0.3 - 1 / 200)
     # with the weakest clips level, the clips together decide
     assert scored(walk=0.8, dance=1.0) > scored(walk=0.8, dance=0.9)
     assert default_evaluation_score({"eval/return": 5.0, "eval/success_rate": 0.75}) == 0.75
